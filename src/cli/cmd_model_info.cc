@@ -1,0 +1,92 @@
+// `kiln model-info (--model DIR | --config FILE) [--json]`: parameter counts, KV bytes per token
+// and a per-layer summary, from the config alone (no weights are read).
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "model/config.h"
+#include "model/weight_layout.h"
+
+namespace kiln::cli {
+namespace {
+
+struct ModelInfoArgs {
+  std::string model_dir, config_file;
+  bool json = false;
+};
+
+std::string human(double n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  int u = 0;
+  while (n >= 1000.0 && u < 4) {
+    n /= 1000.0;
+    ++u;
+  }
+  return fmt::format("{:.2f}{}", n, units[u]);
+}
+
+int run_model_info(const ModelInfoArgs& a) {
+  KILN_CHECK(a.model_dir.empty() != a.config_file.empty(),
+             "model-info needs exactly one of --model DIR or --config FILE");
+  std::string path =
+      a.config_file.empty() ? (std::filesystem::path(a.model_dir) / "config.json").string() : a.config_file;
+  ModelConfig c = load_model_config(path);
+  ParamCounts p = count_params(c);
+  int64_t kv = kv_bytes_per_token(c, 2);
+  int64_t dense_layers = std::min(c.first_k_dense_replace, c.num_hidden_layers);
+  if (a.json) {
+    nlohmann::json j = {{"total_params", p.total},
+                        {"active_params", p.active},
+                        {"mtp_params", p.mtp},
+                        {"routed_expert_params", p.routed_expert},
+                        {"embedding_params", p.embedding},
+                        {"kv_bytes_per_token", kv},
+                        {"kv_values_per_token_per_layer", c.kv_row_dim()},
+                        {"dense_layers", dense_layers},
+                        {"moe_layers", c.num_hidden_layers - dense_layers},
+                        {"softmax_scale", c.softmax_scale()},
+                        {"config", model_config_to_json(c)}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("model_type        %s\n", c.model_type.c_str());
+  std::printf("total params      %s (%lld)\n", human(static_cast<double>(p.total)).c_str(),
+              static_cast<long long>(p.total));
+  std::printf("active per token  %s (%lld)\n", human(static_cast<double>(p.active)).c_str(),
+              static_cast<long long>(p.active));
+  if (p.mtp) std::printf("NextN/MTP params  %s\n", human(static_cast<double>(p.mtp)).c_str());
+  std::printf("KV per token      %lld bytes in bf16 (%lld layers x %lld values: %lld c_kv + %lld k_pe)\n",
+              static_cast<long long>(kv), static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.kv_row_dim()), static_cast<long long>(c.kv_lora_rank),
+              static_cast<long long>(c.qk_rope_head_dim));
+  std::printf("attention         %lld heads, q_lora %s, qk %lld+%lld, v %lld, softmax scale %.6g\n",
+              static_cast<long long>(c.num_attention_heads),
+              c.q_lora_rank ? std::to_string(c.q_lora_rank).c_str() : "none",
+              static_cast<long long>(c.qk_nope_head_dim), static_cast<long long>(c.qk_rope_head_dim),
+              static_cast<long long>(c.v_head_dim), c.softmax_scale());
+  std::printf("rope              %s, theta %g%s\n", c.rope.type.c_str(), c.rope.theta,
+              c.rope_interleave ? ", interleaved pairs" : ", NeoX halves");
+  std::printf(
+      "layers            %lld dense (MLP %lld) + %lld MoE (%lld routed x %lld, top-%lld, %lld shared, "
+      "groups %lld/%lld)\n",
+      static_cast<long long>(dense_layers), static_cast<long long>(c.intermediate_size),
+      static_cast<long long>(c.num_hidden_layers - dense_layers), static_cast<long long>(c.n_routed_experts),
+      static_cast<long long>(c.moe_intermediate_size), static_cast<long long>(c.num_experts_per_tok),
+      static_cast<long long>(c.n_shared_experts), static_cast<long long>(c.topk_group),
+      static_cast<long long>(c.n_group));
+  return 0;
+}
+
+KILN_COMMAND("model-info", "Parameter counts, KV bytes per token and layer summary of a model", [](CLI::App& sub) {
+  auto a = std::make_shared<ModelInfoArgs>();
+  sub.add_option("--model", a->model_dir, "checkpoint directory holding config.json");
+  sub.add_option("--config", a->config_file, "a config.json file");
+  sub.add_flag("--json", a->json, "print JSON");
+  return [a] { return run_model_info(*a); };
+});
+
+}  // namespace
+}  // namespace kiln::cli
