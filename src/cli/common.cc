@@ -1,0 +1,45 @@
+#include "cli/common.h"
+
+#include <charconv>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace kiln::cli {
+
+std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
+    while (!tok.empty() && tok.back() == ' ') tok.pop_back();
+    int32_t v = 0;
+    auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    KILN_CHECK(!tok.empty() && ec == std::errc() && p == tok.data() + tok.size() && v >= 0,
+               "{}: \"{}\" is not a non-negative token id (expected a list like 1,2,3)", flag, tok);
+    ids.push_back(v);
+    i = j + 1;
+  }
+  KILN_CHECK(!ids.empty(), "{}: no token ids given", flag);
+  return ids;
+}
+
+std::unique_ptr<ops::Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return ops::make_cpu_backend();
+  KILN_CHECK(device == "cuda", "--device must be cpu or cuda, got \"{}\"", device);
+  fail("--device cuda: the CUDA backend is not part of this build yet (issue 6); use --device cpu");
+}
+
+LoadedModel load_model(const std::string& dir, const std::string& device) {
+  LoadedModel m;
+  m.backend = make_backend(device);
+  m.model = DeepseekV3Model::load(dir, *m.backend);
+  spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,
+               m.model->config().num_attention_heads, m.backend->name());
+  return m;
+}
+
+}  // namespace kiln::cli

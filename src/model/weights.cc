@@ -1,0 +1,188 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/weight_layout.h"
+
+namespace kiln {
+namespace {
+
+constexpr const char* kScaleSuffix = "_scale_inv";
+
+// Widens one checkpoint tensor to f32 on the host, dequantising FP8 blocks.
+std::vector<float> read_f32(const ModelConfig& c, const Checkpoint& ckpt, const SafetensorsEntry& e) {
+  std::vector<float> out(static_cast<size_t>(shape_numel(e.shape)));
+  convert_to_f32(e.dtype, e.data, out.data(), out.size());
+  if (e.dtype != DType::F8E4M3) return out;
+  const std::string sname = e.name + kScaleSuffix;
+  const SafetensorsEntry* s = ckpt.find(sname);
+  KILN_CHECK(s != nullptr, "{}: FP8 tensor \"{}\" has no \"{}\"", e.file, e.name, sname);
+  KILN_CHECK(e.shape.size() == 2, "{}: FP8 tensor \"{}\" must be 2-D, has shape {}", e.file, e.name,
+             shape_str(e.shape));
+  const int64_t bn = c.fp8 ? c.fp8->block_n : 128, bk = c.fp8 ? c.fp8->block_k : 128;
+  const int64_t n = e.shape[0], k = e.shape[1];
+  const Shape want = {(n + bn - 1) / bn, (k + bk - 1) / bk};
+  KILN_CHECK(s->shape == want, "{}: tensor \"{}\" has shape {} but {} x {} blocks of {} need {}", s->file, sname,
+             shape_str(s->shape), bn, bk, shape_str(e.shape), shape_str(want));
+  std::vector<float> scale(static_cast<size_t>(shape_numel(s->shape)));
+  convert_to_f32(s->dtype, s->data, scale.data(), scale.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < k; ++j)
+      out[static_cast<size_t>(i * k + j)] *= scale[static_cast<size_t>((i / bn) * want[1] + j / bk)];
+  return out;
+}
+
+class Loader {
+ public:
+  Loader(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be) : c_(c), ckpt_(ckpt), be_(be) {
+    for (const auto& w : weight_layout(c)) specs_.emplace(w.name, w);
+    check_unexpected();
+  }
+
+  // One tensor as stored, converted to the backend's weight dtype.
+  OwnedTensor get(const std::string& name) { return upload(name, host(name), spec(name).shape); }
+
+  std::vector<float> host(const std::string& name) {
+    const SafetensorsEntry& e = entry(name);
+    auto v = read_f32(c_, ckpt_, e);
+    progress_.advance(e.nbytes);
+    return v;
+  }
+
+  OwnedTensor upload(const std::string& what, const std::vector<float>& v, Shape shape, bool force_f32 = false) {
+    const DType dt = force_f32 ? DType::F32 : be_.weight_dtype();
+    OwnedTensor t = be_.alloc(dt, std::move(shape));
+    KILN_CHECK(static_cast<size_t>(t.t.numel()) == v.size(), "internal: {} size mismatch", what);
+    if (dt == DType::F32) {
+      be_.upload(t.t, v.data());
+    } else {
+      KILN_CHECK(dt == DType::BF16, "internal: unsupported weight dtype {}", dtype_name(dt));
+      std::vector<uint16_t> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+      be_.upload(t.t, h.data());
+    }
+    return t;
+  }
+
+  const WeightSpec& spec(const std::string& name) const { return specs_.at(name); }
+  void finish() { progress_.finish(); }
+
+ private:
+  const SafetensorsEntry& entry(const std::string& name) {
+    const WeightSpec& w = spec(name);
+    const SafetensorsEntry* e = ckpt_.find(name);
+    KILN_CHECK(e != nullptr, "{}: missing tensor \"{}\" (expected shape {})", ckpt_.dir(), name, shape_str(w.shape));
+    KILN_CHECK(e->shape == w.shape, "{}: tensor \"{}\" has shape {} but the config expects {}", e->file, name,
+               shape_str(e->shape), shape_str(w.shape));
+    return *e;
+  }
+
+  void check_unexpected() {
+    size_t total = 0;
+    for (const auto& [name, e] : ckpt_.tensors()) {
+      std::string base = name;
+      if (base.size() > std::strlen(kScaleSuffix) && base.ends_with(kScaleSuffix))
+        base.resize(base.size() - std::strlen(kScaleSuffix));
+      auto it = specs_.find(base);
+      KILN_CHECK(it != specs_.end(), "{}: unexpected tensor \"{}\" (shape {}) is not part of this config's model",
+                 e->file, name, shape_str(e->shape));
+      if (!it->second.mtp) total += e->nbytes;
+    }
+    progress_ = Progress("loading " + ckpt_.dir(), total);
+  }
+
+  const ModelConfig& c_;
+  const Checkpoint& ckpt_;
+  ops::Backend& be_;
+  std::map<std::string, WeightSpec> specs_;
+  Progress progress_{"", 0};
+};
+
+// Stacks matrices row-wise (gate over up) into one host array.
+std::vector<float> concat(std::vector<float> a, const std::vector<float>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim,
+                r = c.kv_lora_rank;
+  w.input_norm = ld.get(p + "input_layernorm.weight");
+  w.post_attn_norm = ld.get(p + "post_attention_layernorm.weight");
+  if (c.q_lora_rank > 0) {
+    w.q_a = ld.get(p + "self_attn.q_a_proj.weight");
+    w.q_a_norm = ld.get(p + "self_attn.q_a_layernorm.weight");
+    w.q_b = ld.get(p + "self_attn.q_b_proj.weight");
+  } else {
+    w.q_proj = ld.get(p + "self_attn.q_proj.weight");
+  }
+  w.kv_a = ld.get(p + "self_attn.kv_a_proj_with_mqa.weight");
+  w.kv_a_norm = ld.get(p + "self_attn.kv_a_layernorm.weight");
+  const std::string kvb = p + "self_attn.kv_b_proj.weight";
+  std::vector<float> kv_b = ld.host(kvb);
+  std::vector<float> uk_t(static_cast<size_t>(nh * r * nope));
+  for (int64_t h = 0; h < nh; ++h)
+    for (int64_t i = 0; i < nope; ++i)
+      for (int64_t j = 0; j < r; ++j)
+        uk_t[static_cast<size_t>((h * r + j) * nope + i)] = kv_b[static_cast<size_t>((h * (nope + vd) + i) * r + j)];
+  w.kv_b = ld.upload(kvb, kv_b, ld.spec(kvb).shape);
+  w.w_uk_t = ld.upload(kvb + " (W_uk^T)", uk_t, {nh, r, nope});
+  w.o_proj = ld.get(p + "self_attn.o_proj.weight");
+  w.moe = c.is_moe_layer(l);
+  if (!w.moe) {
+    w.mlp_gate_up =
+        ld.upload(p + "mlp.gate_up", concat(ld.host(p + "mlp.gate_proj.weight"), ld.host(p + "mlp.up_proj.weight")),
+                  {2 * c.intermediate_size, H});
+    w.mlp_down = ld.get(p + "mlp.down_proj.weight");
+    return;
+  }
+  const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+  w.router = ld.upload(p + "mlp.gate.weight", ld.host(p + "mlp.gate.weight"), {E, H}, true);
+  w.router_bias =
+      ld.upload(p + "mlp.gate.e_score_correction_bias", ld.host(p + "mlp.gate.e_score_correction_bias"), {E}, true);
+  std::vector<float> gu, dn;
+  gu.reserve(static_cast<size_t>(E * 2 * I * H));
+  dn.reserve(static_cast<size_t>(E * H * I));
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ep = p + fmt::format("mlp.experts.{}.", e);
+    auto g = ld.host(ep + "gate_proj.weight");
+    auto u = ld.host(ep + "up_proj.weight");
+    auto d = ld.host(ep + "down_proj.weight");
+    gu.insert(gu.end(), g.begin(), g.end());
+    gu.insert(gu.end(), u.begin(), u.end());
+    dn.insert(dn.end(), d.begin(), d.end());
+  }
+  w.experts_gate_up = ld.upload(p + "mlp.experts (gate_up)", gu, {E, 2 * I, H});
+  w.experts_down = ld.upload(p + "mlp.experts (down)", dn, {E, H, I});
+  if (c.n_shared_experts > 0) {
+    const int64_t S = I * c.n_shared_experts;
+    const std::string sp = p + "mlp.shared_experts.";
+    w.shared_gate_up =
+        ld.upload(sp + "gate_up", concat(ld.host(sp + "gate_proj.weight"), ld.host(sp + "up_proj.weight")), {2 * S, H});
+    w.shared_down = ld.get(sp + "down_proj.weight");
+  }
+}
+
+}  // namespace
+
+ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be) {
+  Loader ld(c, ckpt, be);
+  ModelWeights w;
+  w.embed = ld.get("model.embed_tokens.weight");
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) load_layer(c, l, ld, w.layers[static_cast<size_t>(l)]);
+  w.final_norm = ld.get("model.norm.weight");
+  w.lm_head = c.tie_word_embeddings ? w.embed : ld.get("lm_head.weight");
+  ld.finish();
+  return w;
+}
+
+}  // namespace kiln

@@ -1,0 +1,50 @@
+// The op interface: one backend (CPU reference, CUDA) implements every op over the params structs
+// in params.h. The model forward is written once against this class.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "ops/params.h"
+
+namespace kiln::ops {
+
+// Memory owned by a backend, viewed as a Tensor.
+struct OwnedTensor {
+  std::shared_ptr<void> mem;
+  Tensor t;
+  float* f32() const { return t.f32(); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  virtual OwnedTensor alloc(DType dtype, Shape shape) = 0;
+  // Copies host bytes into / out of a tensor of this backend.
+  virtual void upload(const Tensor& dst, const void* src) = 0;
+  virtual void download(void* dst, const Tensor& src) = 0;
+
+  // Weights are converted to this type when loaded.
+  virtual DType weight_dtype() const = 0;
+
+  virtual void copy(const CopyParams& p) = 0;
+  virtual void embedding(const EmbeddingParams& p) = 0;
+  virtual void rms_norm(const RmsNormParams& p) = 0;
+  virtual void linear(const LinearParams& p) = 0;
+  virtual void add(const AddParams& p) = 0;
+  virtual void swiglu(const SwigluParams& p) = 0;
+  virtual void rope(const RopeParams& p) = 0;
+  virtual void mla_expanded(const MlaExpandedParams& p) = 0;
+  virtual void mla_absorbed(const MlaAbsorbedParams& p) = 0;
+  virtual void router(const RouterParams& p) = 0;
+  virtual void moe(const MoeParams& p) = 0;
+  virtual void log_softmax(const LogSoftmaxParams& p) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace kiln::ops

@@ -1,0 +1,54 @@
+// The CPU backend: host memory and the reference ops.
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "ops/backend.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace kiln::ops {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::CPU; }
+  std::string name() const override { return "cpu"; }
+
+  OwnedTensor alloc(DType dtype, Shape shape) override {
+    const size_t n = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    const size_t rounded = std::max<size_t>(64, (n + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, rounded);
+    KILN_CHECK(p != nullptr, "out of host memory allocating {} bytes for a {} tensor {}", n, dtype_name(dtype),
+               shape_str(shape));
+    std::memset(p, 0, rounded);
+    OwnedTensor o;
+    o.mem = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    o.t = Tensor{p, dtype, std::move(shape), Device::CPU};
+    return o;
+  }
+  void upload(const Tensor& dst, const void* src) override { std::memcpy(dst.data, src, dst.nbytes()); }
+  void download(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.nbytes()); }
+
+  DType weight_dtype() const override { return DType::F32; }
+
+  void copy(const CopyParams& p) override { cpu::copy(p); }
+  void embedding(const EmbeddingParams& p) override { cpu::embedding(p); }
+  void rms_norm(const RmsNormParams& p) override { cpu::rms_norm(p); }
+  void linear(const LinearParams& p) override { cpu::linear(p); }
+  void add(const AddParams& p) override { cpu::add(p); }
+  void swiglu(const SwigluParams& p) override { cpu::swiglu(p); }
+  void rope(const RopeParams& p) override { cpu::rope(p); }
+  void mla_expanded(const MlaExpandedParams& p) override { cpu::mla_expanded(p); }
+  void mla_absorbed(const MlaAbsorbedParams& p) override { cpu::mla_absorbed(p); }
+  void router(const RouterParams& p) override { cpu::router(p); }
+  void moe(const MoeParams& p) override { cpu::moe(p); }
+  void log_softmax(const LogSoftmaxParams& p) override { cpu::log_softmax(p); }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace kiln::ops

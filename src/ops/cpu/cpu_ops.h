@@ -1,0 +1,22 @@
+// CPU reference ops: plain loops with f32 accumulation (OpenBLAS for the GEMMs, OpenMP across
+// rows). Obviously correct first; every fast path is tested against these.
+#pragma once
+
+#include "ops/params.h"
+
+namespace kiln::ops::cpu {
+
+void copy(const CopyParams& p);
+void embedding(const EmbeddingParams& p);
+void rms_norm(const RmsNormParams& p);
+void linear(const LinearParams& p);
+void add(const AddParams& p);
+void swiglu(const SwigluParams& p);
+void rope(const RopeParams& p);
+void mla_expanded(const MlaExpandedParams& p);
+void mla_absorbed(const MlaAbsorbedParams& p);
+void router(const RouterParams& p);
+void moe(const MoeParams& p);
+void log_softmax(const LogSoftmaxParams& p);
+
+}  // namespace kiln::ops::cpu

@@ -1,0 +1,93 @@
+// Embedding, RMSNorm, residual add, SwiGLU, RoPE, log-softmax.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace kiln::ops::cpu {
+
+void copy(const CopyParams& p) {
+  for (int64_t r = 0; r < p.rows; ++r) std::copy_n(p.src + r * p.src_stride, p.cols, p.dst + r * p.dst_stride);
+}
+
+void embedding(const EmbeddingParams& p) {
+  const size_t esz = dtype_size(p.table_dtype);
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    int32_t id = p.ids[t];
+    KILN_CHECK(id >= 0 && id < p.vocab, "token id {} is outside the vocabulary [0, {})", id, p.vocab);
+    const auto* row = static_cast<const char*>(p.table) + static_cast<size_t>(id) * static_cast<size_t>(p.hidden) * esz;
+    convert_to_f32(p.table_dtype, row, p.out + t * p.hidden, static_cast<size_t>(p.hidden));
+  }
+}
+
+void rms_norm(const RmsNormParams& p) {
+  std::vector<float> w(static_cast<size_t>(p.dim));
+  convert_to_f32(p.weight_dtype, p.weight, w.data(), w.size());
+  const int64_t xs = p.x_stride ? p.x_stride : p.dim, os = p.out_stride ? p.out_stride : p.dim;
+#pragma omp parallel for if (p.rows > 16)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* x = p.x + r * xs;
+    float* o = p.out + r * os;
+    double ss = 0;
+    for (int64_t i = 0; i < p.dim; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);
+    for (int64_t i = 0; i < p.dim; ++i) o[i] = w[static_cast<size_t>(i)] * (x[i] * inv);
+  }
+}
+
+void add(const AddParams& p) {
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = p.a[i] + p.b[i];
+}
+
+void swiglu(const SwigluParams& p) {
+#pragma omp parallel for if (p.rows > 16)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* g = p.gate_up + r * 2 * p.inter;
+    const float* u = g + p.inter;
+    float* o = p.out + r * p.inter;
+    for (int64_t i = 0; i < p.inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void rope(const RopeParams& p) {
+  const int64_t half = p.rot_dim / 2;
+  std::vector<float> cs(static_cast<size_t>(p.rot_dim));
+  std::vector<float> tmp(static_cast<size_t>(p.rot_dim));
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    // As transformers: the angle is formed in f32, cos/sin are scaled by the YaRN factor.
+    const float pos = static_cast<float>(p.positions[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = p.inv_freq[i] * pos;
+      cs[static_cast<size_t>(i)] = std::cos(ang) * p.attention_factor;
+      cs[static_cast<size_t>(half + i)] = std::sin(ang) * p.attention_factor;
+    }
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      float* x = p.x + t * p.token_stride + h * p.head_stride;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
+        const int64_t a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
+        tmp[static_cast<size_t>(a)] = x[a] * c - x[b] * s;
+        tmp[static_cast<size_t>(b)] = x[b] * c + x[a] * s;
+      }
+      for (int64_t i = 0; i < p.rot_dim; ++i) x[i] = tmp[static_cast<size_t>(i)];
+    }
+  }
+}
+
+void log_softmax(const LogSoftmaxParams& p) {
+#pragma omp parallel for if (p.rows > 4)
+  for (int64_t r = 0; r < p.rows; ++r) {
+    const float* l = p.logits + r * p.vocab;
+    float* o = p.out + r * p.vocab;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < p.vocab; ++i) mx = std::max(mx, l[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < p.vocab; ++i) sum += std::exp(static_cast<double>(l[i] - mx));
+    const float lse = mx + static_cast<float>(std::log(sum));
+    for (int64_t i = 0; i < p.vocab; ++i) o[i] = l[i] - lse;
+  }
+}
+
+}  // namespace kiln::ops::cpu

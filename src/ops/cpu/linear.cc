@@ -1,0 +1,34 @@
+// y = x · wᵀ through OpenBLAS; non-f32 weights are widened in row panels first.
+#include <cblas.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace kiln::ops::cpu {
+
+void linear(const LinearParams& p) {
+  if (p.m == 0 || p.n == 0) return;
+  const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
+  if (p.w_dtype == DType::F32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(p.n),
+                static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(xs), static_cast<const float*>(p.w),
+                static_cast<int>(p.k), 0.0f, p.y, static_cast<int>(ys));
+    return;
+  }
+  // Widen 256 weight rows at a time: bounded scratch, still GEMM-shaped.
+  const int64_t panel = 256;
+  std::vector<float> wf(static_cast<size_t>(std::min(panel, p.n) * p.k));
+  const size_t esz = dtype_size(p.w_dtype);
+  for (int64_t n0 = 0; n0 < p.n; n0 += panel) {
+    const int64_t nn = std::min(panel, p.n - n0);
+    convert_to_f32(p.w_dtype, static_cast<const char*>(p.w) + static_cast<size_t>(n0 * p.k) * esz, wf.data(),
+                   static_cast<size_t>(nn * p.k));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(nn),
+                static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(xs), wf.data(), static_cast<int>(p.k), 0.0f,
+                p.y + n0, static_cast<int>(ys));
+  }
+}
+
+}  // namespace kiln::ops::cpu

@@ -1,0 +1,96 @@
+// MLA attention in both forms. Both are the same softmax(q·kᵀ·scale)·v over a causal suffix; the
+// absorbed form attends over the shared latent rows (DESIGN.md §4).
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace kiln::ops::cpu {
+namespace {
+
+// Softmax over scores[0..n) in place (f32 with a max shift, as the references do).
+void softmax_inplace(float* s, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = std::exp(s[j] - mx);
+    sum += s[j];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
+void check_seqs(const VarlenSeqs& s) {
+  for (int64_t b = 0; b < s.num_seqs; ++b) {
+    const int32_t q_len = s.cu_q[b + 1] - s.cu_q[b], kv_len = s.cu_kv[b + 1] - s.cu_kv[b];
+    KILN_CHECK(q_len >= 0 && kv_len >= q_len, "attention: sequence {} has {} queries but only {} keys", b, q_len,
+               kv_len);
+  }
+}
+
+}  // namespace
+
+void mla_expanded(const MlaExpandedParams& p) {
+  check_seqs(p.seqs);
+  for (int64_t b = 0; b < p.seqs.num_seqs; ++b) {
+    const int64_t q0 = p.seqs.cu_q[b], q_len = p.seqs.cu_q[b + 1] - q0;
+    const int64_t kv0 = p.seqs.cu_kv[b], kv_len = p.seqs.cu_kv[b + 1] - kv0;
+#pragma omp parallel for collapse(2) if (q_len * p.num_heads > 8)
+    for (int64_t i = 0; i < q_len; ++i) {
+      for (int64_t h = 0; h < p.num_heads; ++h) {
+        const int64_t visible = kv_len - q_len + i + 1;  // causal: keys up to this query's position
+        std::vector<float> s(static_cast<size_t>(visible));
+        const float* q = p.q + ((q0 + i) * p.num_heads + h) * p.qk_dim;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* k = p.k + ((kv0 + j) * p.num_heads + h) * p.qk_dim;
+          float dot = 0;
+          for (int64_t d = 0; d < p.qk_dim; ++d) dot += q[d] * k[d];
+          s[static_cast<size_t>(j)] = dot * p.scale;
+        }
+        softmax_inplace(s.data(), visible);
+        float* o = p.out + ((q0 + i) * p.num_heads + h) * p.v_dim;
+        for (int64_t d = 0; d < p.v_dim; ++d) o[d] = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* v = p.v + ((kv0 + j) * p.num_heads + h) * p.v_dim;
+          const float w = s[static_cast<size_t>(j)];
+          for (int64_t d = 0; d < p.v_dim; ++d) o[d] += w * v[d];
+        }
+      }
+    }
+  }
+}
+
+void mla_absorbed(const MlaAbsorbedParams& p) {
+  check_seqs(p.seqs);
+  const int64_t row = p.kv_lora + p.rope_dim;
+  for (int64_t b = 0; b < p.seqs.num_seqs; ++b) {
+    const int64_t q0 = p.seqs.cu_q[b], q_len = p.seqs.cu_q[b + 1] - q0;
+    const int64_t kv0 = p.seqs.cu_kv[b], kv_len = p.seqs.cu_kv[b + 1] - kv0;
+#pragma omp parallel for collapse(2) if (q_len * p.num_heads > 8)
+    for (int64_t i = 0; i < q_len; ++i) {
+      for (int64_t h = 0; h < p.num_heads; ++h) {
+        const int64_t visible = kv_len - q_len + i + 1;
+        std::vector<float> s(static_cast<size_t>(visible));
+        const float* q = p.q + ((q0 + i) * p.num_heads + h) * row;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* kv = p.kv + (kv0 + j) * row;
+          float dot = 0;
+          for (int64_t d = 0; d < row; ++d) dot += q[d] * kv[d];  // q_lat·c_kv + q_pe·k_pe
+          s[static_cast<size_t>(j)] = dot * p.scale;
+        }
+        softmax_inplace(s.data(), visible);
+        float* o = p.out + ((q0 + i) * p.num_heads + h) * p.kv_lora;
+        for (int64_t d = 0; d < p.kv_lora; ++d) o[d] = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          const float* c = p.kv + (kv0 + j) * row;  // values are the c_kv part of each row
+          const float w = s[static_cast<size_t>(j)];
+          for (int64_t d = 0; d < p.kv_lora; ++d) o[d] += w * c[d];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kiln::ops::cpu

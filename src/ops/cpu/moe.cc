@@ -1,0 +1,97 @@
+// Router (sigmoid, bias for choice, grouped top-k) and routed experts.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+
+namespace kiln::ops::cpu {
+namespace {
+
+// Indices of the k largest values (ties: lower index first, as a stable order).
+std::vector<int64_t> top_k_indices(const std::vector<float>& v, int64_t k) {
+  std::vector<int64_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int64_t a, int64_t b) {
+    const float va = v[static_cast<size_t>(a)], vb = v[static_cast<size_t>(b)];
+    return va > vb || (va == vb && a < b);
+  });
+  idx.resize(static_cast<size_t>(k));
+  return idx;
+}
+
+}  // namespace
+
+void router(const RouterParams& p) {
+  const int64_t E = p.num_experts, per_group = E / p.n_group;
+  KILN_CHECK(E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= p.topk_group * per_group,
+             "router: {} experts cannot be split into {} groups keeping {} for top-{}", E, p.n_group, p.topk_group,
+             p.top_k);
+  std::vector<float> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E)),
+      group(static_cast<size_t>(p.n_group));
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      const float s = 1.0f / (1.0f + std::exp(-p.logits[t * E + e]));
+      score[static_cast<size_t>(e)] = s;
+      choice[static_cast<size_t>(e)] = s + p.bias[e];
+    }
+    // A group's strength is the sum of its two best biased scores.
+    for (int64_t g = 0; g < p.n_group; ++g) {
+      std::vector<float> members(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
+      auto best = top_k_indices(members, std::min<int64_t>(2, per_group));
+      float sum = 0;
+      for (int64_t i : best) sum += members[static_cast<size_t>(i)];
+      group[static_cast<size_t>(g)] = sum;
+    }
+    std::vector<char> keep(static_cast<size_t>(p.n_group), 0);
+    for (int64_t g : top_k_indices(group, p.topk_group)) keep[static_cast<size_t>(g)] = 1;
+    // Dropped groups score 0.0 (not -inf), exactly as transformers masks them.
+    for (int64_t e = 0; e < E; ++e)
+      if (!keep[static_cast<size_t>(e / per_group)]) choice[static_cast<size_t>(e)] = 0.0f;
+    auto chosen = top_k_indices(choice, p.top_k);
+    float denom = 0;
+    for (int64_t e : chosen) denom += score[static_cast<size_t>(e)];
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      const int64_t e = chosen[static_cast<size_t>(j)];
+      float w = score[static_cast<size_t>(e)];
+      if (p.norm_topk_prob) w /= (denom + 1e-20f);
+      p.topk_ids[t * p.top_k + j] = static_cast<int32_t>(e);
+      p.topk_weights[t * p.top_k + j] = w * p.routed_scaling_factor;
+    }
+  }
+}
+
+void moe(const MoeParams& p) {
+  const int64_t H = p.hidden, I = p.inter;
+  std::fill(p.out, p.out + p.num_tokens * H, 0.0f);
+  // Gather the tokens of each expert so each runs as one GEMM.
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(p.num_experts));
+  for (int64_t t = 0; t < p.num_tokens; ++t)
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      const int32_t e = p.topk_ids[t * p.top_k + j];
+      KILN_CHECK(e >= 0 && e < p.num_experts, "moe: expert id {} out of range [0, {})", e, p.num_experts);
+      by_expert[static_cast<size_t>(e)].push_back({t, p.topk_weights[t * p.top_k + j]});
+    }
+  const size_t esz = dtype_size(p.w_dtype);
+  for (int64_t e = 0; e < p.num_experts; ++e) {
+    const auto& toks = by_expert[static_cast<size_t>(e)];
+    if (toks.empty()) continue;
+    const int64_t n = static_cast<int64_t>(toks.size());
+    std::vector<float> xin(static_cast<size_t>(n * H)), gu(static_cast<size_t>(n * 2 * I)),
+        act(static_cast<size_t>(n * I)), y(static_cast<size_t>(n * H));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(p.x + toks[static_cast<size_t>(i)].first * H, H, xin.data() + i * H);
+    const char* wgu = static_cast<const char*>(p.w_gate_up) + static_cast<size_t>(e * 2 * I * H) * esz;
+    const char* wd = static_cast<const char*>(p.w_down) + static_cast<size_t>(e * H * I) * esz;
+    linear({xin.data(), 0, wgu, p.w_dtype, gu.data(), 0, n, 2 * I, H});
+    swiglu({gu.data(), act.data(), n, I});
+    linear({act.data(), 0, wd, p.w_dtype, y.data(), 0, n, H, I});
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [t, w] = toks[static_cast<size_t>(i)];
+      for (int64_t d = 0; d < H; ++d) p.out[t * H + d] += w * y[static_cast<size_t>(i * H + d)];
+    }
+  }
+}
+
+}  // namespace kiln::ops::cpu

@@ -1,0 +1,137 @@
+// Plain parameter structs of every op. Pointers, sizes and strides only; every field carries its
+// shape. Activations are f32 on the CPU backend; weights carry their dtype (`*_dtype`).
+// Row strides are in elements; a stride of 0 means "contiguous".
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kiln::ops {
+
+struct EmbeddingParams {
+  const int32_t* ids;  // [num_tokens]
+  const void* table;   // [vocab, hidden]
+  DType table_dtype;
+  float* out;  // [num_tokens, hidden]
+  int64_t num_tokens, vocab, hidden;
+};
+
+struct RmsNormParams {
+  const float* x;  // [rows, dim], rows x_stride apart
+  int64_t x_stride;
+  const void* weight;  // [dim]
+  DType weight_dtype;
+  float* out;  // [rows, dim], rows out_stride apart (may alias x)
+  int64_t out_stride;
+  int64_t rows, dim;
+  float eps;
+};
+
+// y = x · wᵀ
+struct LinearParams {
+  const float* x;  // [m, k], rows x_stride apart
+  int64_t x_stride;
+  const void* w;  // [n, k] row-major
+  DType w_dtype;
+  float* y;  // [m, n], rows y_stride apart
+  int64_t y_stride;
+  int64_t m, n, k;
+};
+
+// out[i] = a[i] + b[i]
+struct AddParams {
+  const float* a;  // [n]
+  const float* b;  // [n]
+  float* out;      // [n] (may alias a or b)
+  int64_t n;
+};
+
+// Copies a [rows, cols] block between strided rows.
+struct CopyParams {
+  const float* src;  // [rows, cols], rows src_stride apart
+  int64_t src_stride;
+  float* dst;  // [rows, cols], rows dst_stride apart
+  int64_t dst_stride;
+  int64_t rows, cols;
+};
+
+// silu(gate) * up, with gate and up side by side in one row.
+struct SwigluParams {
+  const float* gate_up;  // [rows, 2 * inter]: gate columns then up columns
+  float* out;            // [rows, inter]
+  int64_t rows, inter;
+};
+
+// Rotary embedding of the rot_dim-wide slice of every head, in place.
+// interleaved: pairs (2i, 2i+1) rotate by frequency i (DeepSeek-V3 / Kimi checkpoints);
+// otherwise NeoX halves (i, i + rot_dim/2).
+struct RopeParams {
+  float* x;  // [num_tokens, num_heads, rot_dim] at x + t*token_stride + h*head_stride
+  int64_t num_tokens, num_heads, token_stride, head_stride, rot_dim;
+  const int32_t* positions;  // [num_tokens]
+  const float* inv_freq;     // [rot_dim / 2]
+  float attention_factor;    // YaRN's multiplier on cos and sin
+  bool interleaved;
+};
+
+// Sequences of a batch: query rows of sequence b are [cu_q[b], cu_q[b+1]); its keys/values are
+// [cu_kv[b], cu_kv[b+1]). Queries are the last (q_len) positions of the kv span (causal suffix).
+struct VarlenSeqs {
+  const int32_t* cu_q;   // [num_seqs + 1]
+  const int32_t* cu_kv;  // [num_seqs + 1]
+  int64_t num_seqs;
+};
+
+// Expanded MLA (prefill form): per-head k_nope and v from kv_b_proj; q·k over qk_dim.
+struct MlaExpandedParams {
+  const float* q;  // [total_q, num_heads, qk_dim]  (q_nope ‖ roped q_pe)
+  const float* k;  // [total_kv, num_heads, qk_dim] (k_nope ‖ roped k_pe)
+  const float* v;  // [total_kv, num_heads, v_dim]
+  float* out;      // [total_q, num_heads, v_dim]
+  VarlenSeqs seqs;
+  int64_t num_heads, qk_dim, v_dim;
+  float scale;
+};
+
+// Absorbed MLA (decode form): one shared 576-wide KV head, q folded through W_uk.
+struct MlaAbsorbedParams {
+  const float* q;   // [total_q, num_heads, kv_lora + rope]  (q_nope·W_uk ‖ roped q_pe)
+  const float* kv;  // [total_kv, kv_lora + rope]            (normalised c_kv ‖ roped k_pe)
+  float* out;       // [total_q, num_heads, kv_lora]         (latent; W_uv folds it to v later)
+  VarlenSeqs seqs;
+  int64_t num_heads, kv_lora, rope_dim;
+  float scale;
+};
+
+// Grouped top-k routing (DESIGN.md §4).
+struct RouterParams {
+  const float* logits;  // [num_tokens, num_experts]: x · gateᵀ in f32
+  const float* bias;    // [num_experts]: e_score_correction_bias (choice only)
+  int32_t* topk_ids;    // [num_tokens, top_k]
+  float* topk_weights;  // [num_tokens, top_k]
+  int64_t num_tokens, num_experts, top_k, n_group, topk_group;
+  bool norm_topk_prob;
+  float routed_scaling_factor;
+};
+
+// Routed experts: out[t] = Σ_j w[t,j] · down_e(silu(gate_e x) * up_e x), e = topk_ids[t,j].
+struct MoeParams {
+  const float* x;             // [num_tokens, hidden]
+  const int32_t* topk_ids;    // [num_tokens, top_k]
+  const float* topk_weights;  // [num_tokens, top_k]
+  const void* w_gate_up;      // [num_experts, 2 * inter, hidden]: gate rows then up rows
+  const void* w_down;         // [num_experts, hidden, inter]
+  DType w_dtype;
+  float* out;  // [num_tokens, hidden] (overwritten)
+  int64_t num_tokens, hidden, inter, num_experts, top_k;
+};
+
+// Row-wise log-softmax.
+struct LogSoftmaxParams {
+  const float* logits;  // [rows, vocab]
+  float* out;           // [rows, vocab] (may alias logits)
+  int64_t rows, vocab;
+};
+
+}  // namespace kiln::ops

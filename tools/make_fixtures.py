@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Reference fixtures for Kiln's DeepSeek-V3 forward, made with Hugging Face transformers.
+
+Runs on the GPU machine (PyTorch + transformers 5.x; the GPU is optional). For each small
+random-weight config it writes, under OUT/<name>/:
+  config.json        as a checkpoint would ship it (spelling chosen per fixture)
+  model.safetensors  float32 weights in the published DeepSeek-V3 tensor names
+  expected.json      teacher-forced logprobs of ids, and a greedy continuation with top-2 margins
+One fixture is also written as an FP8 (e4m3, block-scaled) checkpoint whose expectations come from
+the dequantised weights.
+
+Usage: python3 tools/make_fixtures.py --out DIR
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+FIXTURES = {
+    # 12 heads (96 / TP8), q LoRA, grouped routing, YaRN in the newer rope_parameters spelling.
+    "h12_qlora_grouped_yarn": dict(
+        spelling="rope_parameters", model_type="deepseek_v3",
+        cfg=dict(vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=24,
+                 num_hidden_layers=3, num_attention_heads=12, num_key_value_heads=12, n_shared_experts=1,
+                 n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
+                 routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=48, kv_lora_rank=32,
+                 qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24, max_position_embeddings=2560,
+                 rms_norm_eps=1e-6, rope_interleave=True, tie_word_embeddings=False),
+        rope=dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=64,
+                  beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)),
+    # Kimi K2 style: 24 heads, one group, theta 50000, YaRN beta 1/1, published rope_scaling spelling.
+    "h24_kimi_k2_style": dict(
+        spelling="rope_scaling", model_type="kimi_k2",
+        cfg=dict(vocab_size=200, hidden_size=96, intermediate_size=160, moe_intermediate_size=32,
+                 num_hidden_layers=2, num_attention_heads=24, num_key_value_heads=24, n_shared_experts=1,
+                 n_routed_experts=12, num_experts_per_tok=4, n_group=1, topk_group=1, first_k_dense_replace=1,
+                 routed_scaling_factor=2.827, norm_topk_prob=True, q_lora_rank=40, kv_lora_rank=48,
+                 qk_rope_head_dim=8, qk_nope_head_dim=24, v_head_dim=16, max_position_embeddings=4096,
+                 rms_norm_eps=1e-6, rope_interleave=True, tie_word_embeddings=False),
+        rope=dict(type="yarn", rope_theta=50000.0, factor=32.0, original_max_position_embeddings=128,
+                  beta_fast=1.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)),
+    # No q LoRA, odd sizes, 5 heads, two dense layers, NeoX-style rope halves, tied embeddings.
+    "h5_noqlora_dense2_odd": dict(
+        spelling="rope_scaling", model_type="deepseek_v3",
+        cfg=dict(vocab_size=151, hidden_size=90, intermediate_size=100, moe_intermediate_size=36,
+                 num_hidden_layers=3, num_attention_heads=5, num_key_value_heads=5, n_shared_experts=2,
+                 n_routed_experts=6, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=2,
+                 routed_scaling_factor=1.5, norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=40,
+                 qk_rope_head_dim=6, qk_nope_head_dim=12, v_head_dim=20, max_position_embeddings=512,
+                 rms_norm_eps=1e-5, rope_interleave=False, tie_word_embeddings=True),
+        rope=None, rope_theta=10000.0),
+}
+FP8_OF = "h12_qlora_grouped_yarn"
+FP8_BLOCK = [16, 16]
+PROMPT_LEN, CONT_LEN, GREEDY_STEPS = 24, 16, 16
+
+
+def make_config(spec):
+    cfg = dict(spec["cfg"])
+    rope = spec.get("rope")
+    file_cfg = dict(cfg, model_type=spec["model_type"], architectures=["DeepseekV3ForCausalLM"],
+                    hidden_act="silu", scoring_func="sigmoid", topk_method="noaux_tc", torch_dtype="float32",
+                    bos_token_id=0, eos_token_id=1, num_nextn_predict_layers=0, attention_bias=False)
+    if spec["spelling"] == "rope_parameters":
+        file_cfg["rope_parameters"] = rope
+    else:
+        file_cfg["rope_theta"] = (rope or {}).get("rope_theta", spec.get("rope_theta", 10000.0))
+        file_cfg["rope_scaling"] = None if rope is None else {k: v for k, v in rope.items() if k != "rope_theta"}
+    hf_dict = dict(file_cfg, model_type="deepseek_v3")
+    hf_dict.pop("architectures")
+    hf_cfg = DeepseekV3Config(**hf_dict)
+    hf_cfg._attn_implementation = "eager"
+    if hasattr(hf_cfg, "_experts_implementation"):
+        hf_cfg._experts_implementation = "eager"
+    return file_cfg, hf_cfg
+
+
+def randomize(model, gen):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.5 / math.sqrt(fan_in)))
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.copy_(torch.rand(b.shape, generator=gen) * 0.15 - 0.05)
+
+
+def expert_tensors(model, cfg):
+    """Per-expert (gate, up, down) weights of every MoE layer, whichever layout transformers uses."""
+    out = {}
+    H, I, E = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
+    for l, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        if not hasattr(mlp, "experts"):
+            continue
+        ex = mlp.experts
+        if isinstance(ex, torch.nn.ModuleList):
+            out[l] = [(e.gate_proj.weight, e.up_proj.weight, e.down_proj.weight) for e in ex]
+            continue
+        gu, dn = ex.gate_up_proj, ex.down_proj
+        if gu.shape == (E, H, 2 * I):
+            gu = gu.transpose(1, 2)
+        if dn.shape == (E, I, H):
+            dn = dn.transpose(1, 2)
+        assert gu.shape == (E, 2 * I, H) and dn.shape == (E, H, I), (gu.shape, dn.shape)
+        out[l] = [(gu[e, :I], gu[e, I:], dn[e]) for e in range(E)]
+        # Check the assumed gate-then-up split against the module itself.
+        x = torch.randn(5, H, dtype=gu.dtype, device=gu.device)
+        idx = torch.full((5, 1), 3, dtype=torch.long, device=gu.device)
+        w = torch.ones(5, 1, dtype=gu.dtype, device=gu.device)
+        got = ex(x, idx, w)
+        g, u, d = out[l][3]
+        ref = (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ d.T
+        assert torch.allclose(got, ref, atol=1e-4), "fused expert layout is not gate-then-up"
+    return out
+
+
+def export_state(model, cfg):
+    sd = {}
+    experts = expert_tensors(model, cfg)
+    for name, t in model.state_dict().items():
+        if ".mlp.experts." in name:
+            continue
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        sd[name] = t.detach().float().contiguous().cpu()
+    for l, lst in experts.items():
+        for e, (g, u, d) in enumerate(lst):
+            p = f"model.layers.{l}.mlp.experts.{e}."
+            sd[p + "gate_proj.weight"] = g.detach().float().contiguous().cpu()
+            sd[p + "up_proj.weight"] = u.detach().float().contiguous().cpu()
+            sd[p + "down_proj.weight"] = d.detach().float().contiguous().cpu()
+    return sd
+
+
+def fp8_quantize(w, block):
+    """e4m3 weight + per-block f32 scale_inv with w ≈ q * scale_inv."""
+    n, k = w.shape
+    bn, bk = block
+    q = torch.empty_like(w)
+    scale = torch.empty(((n + bn - 1) // bn, (k + bk - 1) // bk), dtype=torch.float32)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            blk = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk]
+            s = blk.abs().max().clamp(min=1e-12) / 448.0
+            scale[i, j] = s
+            q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = blk / s
+    return q.to(torch.float8_e4m3fn), scale
+
+
+@torch.no_grad()
+def expectations(model, vocab, gen):
+    ids = torch.randint(2, vocab, (PROMPT_LEN + CONT_LEN,), generator=gen)
+    logits = model(ids[None].to(model.device)).logits[0].float().cpu()
+    lp = torch.log_softmax(logits, dim=-1)
+    teacher = [None] + [lp[i - 1, ids[i]].item() for i in range(1, len(ids))]
+    seq = ids[:PROMPT_LEN].tolist()
+    prompt = list(seq)
+    out, margins = [], []
+    for _ in range(GREEDY_STEPS):
+        lg = model(torch.tensor([seq], device=model.device)).logits[0, -1].float().cpu()
+        lps = torch.log_softmax(lg, dim=-1)
+        top = torch.topk(lps, 2)
+        tok = int(torch.argmax(lps))
+        out.append(tok)
+        margins.append((top.values[0] - top.values[1]).item())
+        seq.append(tok)
+    return {"ids": ids.tolist(), "logprobs": teacher,
+            "greedy": {"prompt_ids": prompt, "output_ids": out, "top2_margins": margins}}
+
+
+def write_fixture(out_dir, name, file_cfg, state, model, gen):
+    d = os.path.join(out_dir, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(file_cfg, f, indent=2)
+    save_file(state, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    exp = expectations(model, file_cfg["vocab_size"], gen)
+    exp["transformers_version"] = transformers.__version__
+    exp["torch_version"] = torch.__version__
+    with open(os.path.join(d, "expected.json"), "w") as f:
+        json.dump(exp, f)
+    print(f"{name}: {len(state)} tensors, greedy {exp['greedy']['output_ids']}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    # The CPU keeps float32 exact and takes every shape (the GPU grouped GEMM wants 16-byte strides).
+    dev = "cpu"
+    for i, (name, spec) in enumerate(FIXTURES.items()):
+        gen = torch.Generator().manual_seed(1234 + i)
+        file_cfg, hf_cfg = make_config(spec)
+        print(name, "rope:", getattr(hf_cfg, "rope_parameters", None) or getattr(hf_cfg, "rope_scaling", None),
+              flush=True)
+        model = DeepseekV3ForCausalLM(hf_cfg).float().eval()
+        randomize(model, gen)
+        model.to(dev)
+        state = export_state(model, hf_cfg)
+        write_fixture(args.out, name, file_cfg, state, model, gen)
+        if name == FP8_OF:
+            # Quantise every 2-D projection (not embeddings, router, norms, lm_head) as DeepSeek-V3 does,
+            # then load the dequantised weights back so the expectations describe the FP8 model.
+            q_state, deq = {}, {}
+            for k, t in state.items():
+                is_proj = t.dim() == 2 and "embed_tokens" not in k and "mlp.gate.weight" not in k and k != "lm_head.weight"
+                if is_proj:
+                    q, s = fp8_quantize(t, FP8_BLOCK)
+                    q_state[k], q_state[k + "_scale_inv"] = q, s
+                    deq[k] = (q.float() * s.repeat_interleave(FP8_BLOCK[0], 0)[: t.shape[0]]
+                              .repeat_interleave(FP8_BLOCK[1], 1)[:, : t.shape[1]])
+                else:
+                    q_state[k] = t
+            fp8_cfg = dict(file_cfg, quantization_config={"quant_method": "fp8", "fmt": "e4m3",
+                                                          "activation_scheme": "dynamic",
+                                                          "weight_block_size": FP8_BLOCK})
+            # Put the dequantised weights into the model (through the same export mapping, inverted).
+            with torch.no_grad():
+                params = dict(model.named_parameters())
+                for k, v in deq.items():
+                    if k in params:
+                        params[k].copy_(v.to(dev))
+                experts = expert_tensors(model, hf_cfg)
+                for l, lst in experts.items():
+                    for e, (g, u, dn) in enumerate(lst):
+                        p = f"model.layers.{l}.mlp.experts.{e}."
+                        g.copy_(deq[p + "gate_proj.weight"].to(dev))
+                        u.copy_(deq[p + "up_proj.weight"].to(dev))
+                        dn.copy_(deq[p + "down_proj.weight"].to(dev))
+                # Check the copies reached the model.
+                st2 = export_state(model, hf_cfg)
+                worst = max((st2[k] - deq[k]).abs().max().item() for k in deq)
+                assert worst == 0.0, f"dequantised weights did not reach the model ({worst})"
+            write_fixture(args.out, name + "_fp8", fp8_cfg, q_state, model, torch.Generator().manual_seed(99))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
