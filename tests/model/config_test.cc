@@ -1,0 +1,113 @@
+#include "model/config.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model/weight_layout.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using json = nlohmann::json;
+
+// The published Kimi K2 shape (issue 2).
+json kimi_k2() {
+  return json::parse(R"({"model_type":"kimi_k2","hidden_size":7168,"num_attention_heads":64,"q_lora_rank":1536,
+    "kv_lora_rank":512,"qk_rope_head_dim":64,"qk_nope_head_dim":128,"v_head_dim":128,"n_routed_experts":384,
+    "num_experts_per_tok":8,"n_shared_experts":1,"moe_intermediate_size":2048,"intermediate_size":18432,
+    "num_hidden_layers":61,"first_k_dense_replace":1,"vocab_size":163840,"n_group":1,"topk_group":1,
+    "rope_theta":50000.0,"max_position_embeddings":131072,"routed_scaling_factor":2.827,
+    "rope_scaling":{"beta_fast":1.0,"beta_slow":1.0,"factor":32.0,"mscale":1.0,"mscale_all_dim":1.0,
+                    "original_max_position_embeddings":4096,"type":"yarn"}})");
+}
+
+std::string error_of(const json& j) {
+  try {
+    parse_model_config(j, "config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, KimiK2CountsArePinned) {
+  ModelConfig c = parse_model_config(kimi_k2(), "kimi_k2");
+  ParamCounts p = count_params(c);
+  EXPECT_NEAR(static_cast<double>(p.total) / 1e12, 1.03, 0.01);
+  EXPECT_NEAR(static_cast<double>(p.active) / 1e9, 32.0, 1.5);
+  EXPECT_EQ(kv_bytes_per_token(c, 2), 70272);
+}
+
+TEST(Config, ModelInfoCliReportsKimiK2) {
+  std::string path = testing::TempDir() + "/kimi_k2_config.json";
+  std::ofstream(path) << kimi_k2().dump();
+  auto r = test::run_kiln("model-info --config " + path + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  json j = json::parse(r.out);
+  EXPECT_NEAR(j["total_params"].get<double>() / 1e12, 1.03, 0.01);
+  EXPECT_NEAR(j["active_params"].get<double>() / 1e9, 32.0, 1.5);
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 70272);
+}
+
+TEST(Config, BothRopeSpellingsAgree) {
+  json a = kimi_k2();
+  json b = kimi_k2();
+  b.erase("rope_scaling");
+  b.erase("rope_theta");
+  b["rope_parameters"] = {{"rope_type", "yarn"},   {"rope_theta", 50000.0},
+                          {"factor", 32.0},        {"beta_fast", 1.0},
+                          {"beta_slow", 1.0},      {"mscale", 1.0},
+                          {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}};
+  ModelConfig ca = parse_model_config(a, "a"), cb = parse_model_config(b, "b");
+  EXPECT_EQ(ca.rope.theta, 50000.0);
+  EXPECT_EQ(cb.rope.theta, 50000.0);
+  EXPECT_EQ(ca.rope_inv_freq(), cb.rope_inv_freq());
+  EXPECT_DOUBLE_EQ(ca.softmax_scale(), cb.softmax_scale());
+  // YaRN with mscale_all_dim 1: the softmax scale grows by (0.1 ln 32 + 1)^2.
+  const double m = 0.1 * std::log(32.0) + 1.0;
+  EXPECT_NEAR(ca.softmax_scale(), m * m / std::sqrt(192.0), 1e-12);
+  EXPECT_DOUBLE_EQ(ca.rope_attention_factor(), 1.0);
+}
+
+TEST(Config, NullQLoraMeansQProj) {
+  json j = kimi_k2();
+  j["q_lora_rank"] = nullptr;
+  ModelConfig c = parse_model_config(j, "x");
+  EXPECT_EQ(c.q_lora_rank, 0);
+  bool has_q_proj = false;
+  for (auto& w : weight_layout(c)) has_q_proj |= w.name == "model.layers.0.self_attn.q_proj.weight";
+  EXPECT_TRUE(has_q_proj);
+}
+
+TEST(Config, UnsupportedValuesNameTheField) {
+  struct Case {
+    const char* field;
+    json value;
+  };
+  std::vector<Case> cases = {
+      {"model_type", "llama"}, {"scoring_func", "softmax"}, {"hidden_act", "gelu"},     {"n_group", 5},
+      {"topk_group", 3},       {"qk_rope_head_dim", 7},     {"num_attention_heads", 0}, {"hidden_size", "big"},
+      {"moe_layer_freq", 2},   {"norm_topk_prob", "yes"},   {"attention_bias", true},   {"topk_method", "greedy"}};
+  for (const auto& c : cases) {
+    json j = kimi_k2();
+    j["n_group"] = 8;
+    j["topk_group"] = 2;
+    j[c.field] = c.value;
+    if (std::string(c.field) == "topk_group") j["n_group"] = 2;
+    std::string err = error_of(j);
+    EXPECT_NE(err.find(c.field), std::string::npos) << c.field << ": " << err;
+  }
+  json r = kimi_k2();
+  r["rope_scaling"]["type"] = "longrope";
+  EXPECT_NE(error_of(r).find("rope_scaling.rope_type"), std::string::npos) << error_of(r);
+  json q = kimi_k2();
+  q["quantization_config"] = {{"quant_method", "compressed-tensors"}};
+  EXPECT_NE(error_of(q).find("quantization_config.quant_method"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln

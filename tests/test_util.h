@@ -1,0 +1,88 @@
+// Shared test helpers: run the kiln binary, read fixtures, write small safetensors files.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kiln::test {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `kiln <args>` through the shell and captures its output.
+inline RunResult run_kiln(const std::string& args) {
+  RunResult r;
+  std::string cmd = std::string(KILN_BINARY) + " --log-level warn " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string data_path(const std::string& rel) {
+  return std::string(KILN_TEST_DATA) + "/" + rel;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+inline std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s.push_back(',');
+    s.append(std::to_string(ids[i]));
+  }
+  return s;
+}
+
+// A tensor to write: dtype name as safetensors spells it, shape, raw bytes.
+struct RawTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+inline void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors) {
+  nlohmann::json h = nlohmann::json::object();
+  size_t off = 0;
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    h[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+    data += t.bytes;
+  }
+  std::string hs = h.dump();
+  uint64_t n = hs.size();
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+// The fixture model directories under tests/data/fixtures.
+inline std::vector<std::string> fixture_dirs() {
+  std::vector<std::string> out;
+  for (auto& e : std::filesystem::directory_iterator(data_path("fixtures")))
+    if (std::filesystem::exists(e.path() / "expected.json")) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace kiln::test
