@@ -73,7 +73,8 @@ std::vector<WeightSpec> weight_layout(const ModelConfig& c) {
   out.push_back({"model.embed_tokens.weight", {V, H}, WeightRole::Embedding});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) add_decoder_layer(c, l, false, out);
   out.push_back({"model.norm.weight", {H}, WeightRole::Norm});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {V, H}, WeightRole::LmHead, -1, -1, true});
+  if (!c.tie_word_embeddings)
+    out.push_back({"lm_head.weight", {V, H}, WeightRole::LmHead});  // kept in bf16 by FP8 checkpoints
   for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
     const int64_t l = c.num_hidden_layers + i;
     add_decoder_layer(c, l, true, out);

@@ -1,0 +1,128 @@
+// `kiln plan` end to end: the JSON fields scripts rely on, --compare, config files and presets,
+// and errors that name the flag at fault.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "model/config.h"
+#include "plan/presets.h"
+
+namespace {
+
+using json = nlohmann::json;
+
+struct CliRun {
+  int status;
+  std::string out;
+};
+
+CliRun kiln(const std::string& args) {
+  const std::string cmd = std::string(KILN_BINARY) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  EXPECT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int status = pclose(f);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+json kiln_json(const std::string& args) {
+  CliRun r = kiln(args + " --json");
+  EXPECT_EQ(r.status, 0) << r.out;
+  return json::parse(r.out);
+}
+
+TEST(PlanCli, JsonHasTheContractFields) {
+  const json j = kiln_json("plan --model kimi-k3 --gpu B300 --gpus 8 --kv-pool 1000000");
+  for (const char* key :
+       {"fits", "weight_bytes_total", "weight_bytes_per_gpu", "kv_bytes_per_token", "kv_capacity_tokens",
+        "decode_tok_s_per_stream_ceiling", "aggregate_tok_s_ceiling", "usd_per_million_tokens"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_GT(j["weight_bytes_total"].get<double>(), 1.5e12);
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 61 * 576 * 2);
+  EXPECT_GE(j["kv_capacity_tokens"].get<int64_t>(), 1000000);
+  EXPECT_EQ(j["layout"]["tp"].get<int64_t>(), 8);
+  EXPECT_EQ(j["weights"], "int4");
+  EXPECT_GT(j["decode_tok_s_per_stream_ceiling"].get<double>(), 0);
+  EXPECT_GT(j["usd_per_million_tokens"].get<double>(), 0);
+}
+
+TEST(PlanCli, ContractFlagsAndFitVerdicts) {
+  // The DESIGN.md contract spelling: --gpus per node, --nodes, --weights, --kv, --context.
+  json j = kiln_json("plan --model kimi-k3 --gpu B200 --gpus 8 --context 1000000");
+  EXPECT_FALSE(j["fits"].get<bool>());
+  j = kiln_json("plan --model kimi-k3 --gpu B200 --gpus 8 --nodes 2 --context 1000000");
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_EQ(j["gpus"].get<int64_t>(), 16);
+  j = kiln_json("plan --model kimi-k2 --gpu H200 --gpus 8 --weights bf16");
+  EXPECT_FALSE(j["fits"].get<bool>());
+  j = kiln_json("plan --model kimi-k2 --gpu H200 --gpus 8 --weights int4 --kv fp8");
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 61 * 576);
+  // A price from the command line reaches the cost figures.
+  const json cheap = kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 1.25");
+  const json dear = kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 2.5");
+  EXPECT_NEAR(dear["usd_per_million_tokens"].get<double>(), 2 * cheap["usd_per_million_tokens"].get<double>(), 1e-9);
+}
+
+TEST(PlanCli, CompareSetsPlansSideBySide) {
+  const json j = kiln_json("plan --model kimi-k3 --kv-pool 1000000 --compare B200:8,B200:8x2,B300:8,MI355X:8");
+  ASSERT_EQ(j["plans"].size(), 4u);
+  EXPECT_FALSE(j["plans"][0]["fits"].get<bool>());
+  EXPECT_TRUE(j["plans"][1]["fits"].get<bool>());
+  EXPECT_TRUE(j["plans"][2]["fits"].get<bool>());
+  EXPECT_TRUE(j["plans"][3]["fits"].get<bool>());
+  EXPECT_EQ(j["plans"][1]["gpus"].get<int64_t>(), 16);
+  EXPECT_EQ(j["plans"][3]["gpu"], "MI355X");
+  const CliRun table = kiln("plan --model kimi-k3 --compare B300:8,H200:8:weights=int4:dcp=8");
+  EXPECT_EQ(table.status, 0) << table.out;
+  EXPECT_NE(table.out.find("B300 x8"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("DCP8"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("tok/s per $/GPU-hr"), std::string::npos) << table.out;
+}
+
+TEST(PlanCli, ReadsAConfigFileOrDirectory) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kiln_plan_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "config.json");
+    f << kiln::model_config_to_json(kiln::plan::find_preset("moonlight")->config).dump();
+  }
+  const json preset = kiln_json("plan --model moonlight-16b-a3b --gpu H100 --gpus 1");
+  const json from_dir = kiln_json("plan --model " + dir.string() + " --gpu H100 --gpus 1");
+  const json from_file = kiln_json("plan --model " + (dir / "config.json").string() + " --gpu H100 --gpus 1");
+  EXPECT_EQ(from_dir["weight_bytes_total"], preset["weight_bytes_total"]);
+  EXPECT_EQ(from_file["kv_capacity_tokens"], preset["kv_capacity_tokens"]);
+  fs::remove_all(dir);
+}
+
+TEST(PlanCli, ErrorsNameTheThingAtFault) {
+  CliRun r = kiln("plan --model kimi-k3 --gpu A100");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--gpu A100"), std::string::npos) << r.out;
+  r = kiln("plan --model no-such-model --gpu H200");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--model no-such-model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kimi-k3"), std::string::npos) << r.out;
+  r = kiln("plan --model kimi-k2 --gpu H200 --gpus 6");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--tp"), std::string::npos) << r.out;
+  r = kiln("plan --model kimi-k2 --gpu H200 --weights int3");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--weights int3"), std::string::npos) << r.out;
+  r = kiln("plan --model kimi-k2 --compare H200:8:foo=1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("foo"), std::string::npos) << r.out;
+}
+
+}  // namespace
