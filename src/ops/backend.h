@@ -40,6 +40,8 @@ class Backend {
   virtual void rope(const RopeParams& p) = 0;
   virtual void mla_expanded(const MlaExpandedParams& p) = 0;
   virtual void mla_absorbed(const MlaAbsorbedParams& p) = 0;
+  virtual void kv_scatter(const KvScatterParams& p) = 0;
+  virtual void kv_gather(const KvGatherParams& p) = 0;
   virtual void router(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
   virtual void log_softmax(const LogSoftmaxParams& p) = 0;

@@ -94,14 +94,43 @@ struct MlaExpandedParams {
   float scale;
 };
 
-// Absorbed MLA (decode form): one shared 576-wide KV head, q folded through W_uk.
+// The paged latent KV cache of one layer as attention reads it: row j of sequence b lives in
+// slot block_table[b][j / block_size] * block_size + j % block_size of the pool.
+struct PagedKv {
+  const float* pool;           // [num_slots, kv_lora + rope]
+  const int32_t* block_table;  // [num_seqs, max_blocks]
+  const int32_t* kv_lens;      // [num_seqs]: context length including this step's tokens
+  int64_t block_size, max_blocks;
+};
+
+// Absorbed MLA (decode form): one shared 576-wide KV head, q folded through W_uk. Reads the paged
+// cache directly. Query rows of sequence b are [cu_q[b], cu_q[b+1]), the last positions of its
+// context (several per sequence for speculative verification).
 struct MlaAbsorbedParams {
-  const float* q;   // [total_q, num_heads, kv_lora + rope]  (q_nope·W_uk ‖ roped q_pe)
-  const float* kv;  // [total_kv, kv_lora + rope]            (normalised c_kv ‖ roped k_pe)
-  float* out;       // [total_q, num_heads, kv_lora]         (latent; W_uv folds it to v later)
-  VarlenSeqs seqs;
+  const float* q;  // [total_q, num_heads, kv_lora + rope]  (q_nope·W_uk ‖ roped q_pe)
+  PagedKv kv;
+  const int32_t* cu_q;  // [num_seqs + 1]
+  int64_t num_seqs;
+  float* out;  // [total_q, num_heads, kv_lora]  (latent; W_uv folds it to v later)
   int64_t num_heads, kv_lora, rope_dim;
   float scale;
+};
+
+// Writes new latent rows into their pool slots.
+struct KvScatterParams {
+  const float* rows;     // [num_tokens, row_dim]
+  const int32_t* slots;  // [num_tokens]
+  float* pool;           // [num_slots, row_dim]
+  int64_t num_tokens, row_dim;
+};
+
+// Copies every sequence's context rows out of the pool into one contiguous array (the expanded
+// form's input): sequence b's rows land at [cu_kv[b], cu_kv[b+1]).
+struct KvGatherParams {
+  PagedKv kv;
+  const int32_t* cu_kv;  // [num_seqs + 1]
+  int64_t num_seqs, row_dim;
+  float* out;  // [total_kv, row_dim]
 };
 
 // Grouped top-k routing (DESIGN.md §4).

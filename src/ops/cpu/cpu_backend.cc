@@ -40,6 +40,8 @@ class CpuBackend final : public Backend {
   void rope(const RopeParams& p) override { cpu::rope(p); }
   void mla_expanded(const MlaExpandedParams& p) override { cpu::mla_expanded(p); }
   void mla_absorbed(const MlaAbsorbedParams& p) override { cpu::mla_absorbed(p); }
+  void kv_scatter(const KvScatterParams& p) override { cpu::kv_scatter(p); }
+  void kv_gather(const KvGatherParams& p) override { cpu::kv_gather(p); }
   void router(const RouterParams& p) override { cpu::router(p); }
   void moe(const MoeParams& p) override { cpu::moe(p); }
   void log_softmax(const LogSoftmaxParams& p) override { cpu::log_softmax(p); }

@@ -15,6 +15,8 @@ void swiglu(const SwigluParams& p);
 void rope(const RopeParams& p);
 void mla_expanded(const MlaExpandedParams& p);
 void mla_absorbed(const MlaAbsorbedParams& p);
+void kv_scatter(const KvScatterParams& p);
+void kv_gather(const KvGatherParams& p);
 void router(const RouterParams& p);
 void moe(const MoeParams& p);
 void log_softmax(const LogSoftmaxParams& p);

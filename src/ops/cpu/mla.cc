@@ -1,5 +1,6 @@
 // MLA attention in both forms. Both are the same softmax(q·kᵀ·scale)·v over a causal suffix; the
 // absorbed form attends over the shared latent rows (DESIGN.md §4).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -62,12 +63,19 @@ void mla_expanded(const MlaExpandedParams& p) {
   }
 }
 
+namespace {
+const float* paged_row(const PagedKv& kv, int64_t seq, int64_t j, int64_t row) {
+  const int32_t block = kv.block_table[seq * kv.max_blocks + j / kv.block_size];
+  return kv.pool + (static_cast<int64_t>(block) * kv.block_size + j % kv.block_size) * row;
+}
+}  // namespace
+
 void mla_absorbed(const MlaAbsorbedParams& p) {
-  check_seqs(p.seqs);
   const int64_t row = p.kv_lora + p.rope_dim;
-  for (int64_t b = 0; b < p.seqs.num_seqs; ++b) {
-    const int64_t q0 = p.seqs.cu_q[b], q_len = p.seqs.cu_q[b + 1] - q0;
-    const int64_t kv0 = p.seqs.cu_kv[b], kv_len = p.seqs.cu_kv[b + 1] - kv0;
+  for (int64_t b = 0; b < p.num_seqs; ++b) {
+    const int64_t q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv.kv_lens[b];
+    KILN_CHECK(q_len >= 0 && kv_len >= q_len, "attention: sequence {} has {} queries but only {} keys", b, q_len,
+               kv_len);
 #pragma omp parallel for collapse(2) if (q_len * p.num_heads > 8)
     for (int64_t i = 0; i < q_len; ++i) {
       for (int64_t h = 0; h < p.num_heads; ++h) {
@@ -75,7 +83,7 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
         std::vector<float> s(static_cast<size_t>(visible));
         const float* q = p.q + ((q0 + i) * p.num_heads + h) * row;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* kv = p.kv + (kv0 + j) * row;
+          const float* kv = paged_row(p.kv, b, j, row);
           float dot = 0;
           for (int64_t d = 0; d < row; ++d) dot += q[d] * kv[d];  // q_lat·c_kv + q_pe·k_pe
           s[static_cast<size_t>(j)] = dot * p.scale;
@@ -84,12 +92,26 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
         float* o = p.out + ((q0 + i) * p.num_heads + h) * p.kv_lora;
         for (int64_t d = 0; d < p.kv_lora; ++d) o[d] = 0;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* c = p.kv + (kv0 + j) * row;  // values are the c_kv part of each row
+          const float* c = paged_row(p.kv, b, j, row);  // values are the c_kv part of each row
           const float w = s[static_cast<size_t>(j)];
           for (int64_t d = 0; d < p.kv_lora; ++d) o[d] += w * c[d];
         }
       }
     }
+  }
+}
+
+void kv_scatter(const KvScatterParams& p) {
+  for (int64_t t = 0; t < p.num_tokens; ++t)
+    std::copy_n(p.rows + t * p.row_dim, p.row_dim, p.pool + static_cast<int64_t>(p.slots[t]) * p.row_dim);
+}
+
+void kv_gather(const KvGatherParams& p) {
+  for (int64_t b = 0; b < p.num_seqs; ++b) {
+    const int64_t n = p.cu_kv[b + 1] - p.cu_kv[b];
+    KILN_CHECK(n == p.kv.kv_lens[b], "kv_gather: sequence {} spans {} rows but has {} cached", b, n, p.kv.kv_lens[b]);
+    for (int64_t j = 0; j < n; ++j)
+      std::copy_n(paged_row(p.kv, b, j, p.row_dim), p.row_dim, p.out + (p.cu_kv[b] + j) * p.row_dim);
   }
 }
 

@@ -1,0 +1,34 @@
+// ForwardBatch: the plain data of one model step (DESIGN.md §3), built by the scheduler (or by
+// the single-sequence helper) and consumed by the forward. LatentKvPool: the paged latent KV
+// memory the forward reads and writes; which blocks belong to whom is kv/'s business.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/backend.h"
+
+namespace kiln {
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;        // [T]: every sequence's new tokens, sequence after sequence
+  std::vector<int32_t> positions;     // [T]: absolute position of each token in its sequence
+  std::vector<int32_t> cu_q;          // [B + 1]: sequence b's tokens are [cu_q[b], cu_q[b+1])
+  std::vector<int32_t> kv_lens;       // [B]: context length of sequence b after this step
+  std::vector<int32_t> block_tables;  // [B, max_blocks]: pool blocks of each sequence, in order
+  int64_t max_blocks = 0;
+  std::vector<int32_t> slot_mapping;  // [T]: pool slot (block * block_size + offset) for each token
+  std::vector<int32_t> logit_rows;    // rows of T whose logits the caller wants, in order
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }
+};
+
+struct LatentKvPool {
+  std::vector<ops::OwnedTensor> layers;  // per layer [num_blocks * block_size, kv_lora + rope]
+  int64_t num_blocks = 0, block_size = 0, row_dim = 0;
+
+  int64_t num_slots() const { return num_blocks * block_size; }
+};
+
+}  // namespace kiln
