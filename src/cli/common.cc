@@ -30,7 +30,7 @@ std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
 std::unique_ptr<ops::Backend> make_backend(const std::string& device) {
   if (device == "cpu") return ops::make_cpu_backend();
   KILN_CHECK(device == "cuda", "--device must be cpu or cuda, got \"{}\"", device);
-  fail("--device cuda: the CUDA backend is not part of this build yet (issue 6); use --device cpu");
+  return ops::make_cuda_backend();
 }
 
 LoadedModel load_model(const std::string& dir, const std::string& device) {
@@ -39,6 +39,8 @@ LoadedModel load_model(const std::string& dir, const std::string& device) {
   m.model = DeepseekV3Model::load(dir, *m.backend);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,
                m.model->config().num_attention_heads, m.backend->name());
+  spdlog::info("kernel plan ({} heads per GPU):", m.model->config().num_attention_heads);
+  for (const auto& [op, impl] : m.backend->kernel_plan()) spdlog::info("  {:<14} {}", op, impl);
   return m;
 }
 

@@ -189,7 +189,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
   if (form == MlaForm::Expanded) {
     const int64_t ctx = in.total_kv;
     OwnedTensor kv = scratch(ctx, row);  // [total_kv, row]: every sequence's context, contiguous
-    be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, kv.f32()});
+    be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, ctx, kv.f32()});
     OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]
     be_.linear({kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r});
     OwnedTensor k = scratch(ctx, nh * qk), v = scratch(ctx, nh * vd);  // [ctx, nh, qk], [ctx, nh, v]
@@ -197,7 +197,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
     be_.copy({kvb.f32() + nope, nope + vd, v.f32(), vd, ctx * nh, vd});
     for (int64_t hd = 0; hd < nh; ++hd) be_.copy({kv.f32() + r, row, k.f32() + hd * qk + nope, nh * qk, ctx, rope});
     const ops::VarlenSeqs seqs{in.cu_q.t.as<int32_t>(), in.cu_kv.t.as<int32_t>(), in.B};
-    be_.mla_expanded({q.f32(), k.f32(), v.f32(), o.f32(), seqs, nh, qk, vd, scale_});
+    be_.mla_expanded({q.f32(), k.f32(), v.f32(), o.f32(), seqs, T, nh, qk, vd, scale_});
   } else {
     // Fold W_uk into q: q_lat[h] = W_uk[h]ᵀ q_nope[h]; the rope part rides along unchanged.
     OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]
@@ -208,7 +208,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
     }
     be_.copy({q.f32() + nope, qk, qa.f32() + r, row, T * nh, rope});
     OwnedTensor lat = scratch(T, nh * r);  // [T, nh, kv_lora]
-    be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, lat.f32(), nh, r, rope, scale_});
+    be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, T, lat.f32(), nh, r, rope, scale_});
     // Fold W_uv into the output: v[h] = W_uv[h] · lat[h].
     const size_t esz = dtype_size(w.kv_b.t.dtype);
     for (int64_t hd = 0; hd < nh; ++hd) {

@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/params.h"
@@ -30,6 +32,13 @@ class Backend {
 
   // Weights are converted to this type when loaded.
   virtual DType weight_dtype() const = 0;
+  // Fills a tensor with uniform(-scale, scale) values from a counter-based hash of `seed`
+  // (random-weight benchmarks; no host round trip).
+  virtual void fill_random(const Tensor& t, uint64_t seed, float scale) = 0;
+  // Waits for all queued work (timing).
+  virtual void synchronize() {}
+  // Which implementation serves each op (the startup "kernel plan", DESIGN.md §5).
+  virtual std::vector<std::pair<std::string, std::string>> kernel_plan() const = 0;
 
   virtual void copy(const CopyParams& p) = 0;
   virtual void embedding(const EmbeddingParams& p) = 0;
@@ -48,5 +57,8 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+// The CUDA backend on the current device; throws when this build has no CUDA or no GPU is present.
+std::unique_ptr<Backend> make_cuda_backend();
+bool cuda_available();
 
 }  // namespace kiln::ops

@@ -90,6 +90,7 @@ struct MlaExpandedParams {
   const float* v;  // [total_kv, num_heads, v_dim]
   float* out;      // [total_q, num_heads, v_dim]
   VarlenSeqs seqs;
+  int64_t total_q;  // cu_q[num_seqs], known on the host
   int64_t num_heads, qk_dim, v_dim;
   float scale;
 };
@@ -111,7 +112,8 @@ struct MlaAbsorbedParams {
   PagedKv kv;
   const int32_t* cu_q;  // [num_seqs + 1]
   int64_t num_seqs;
-  float* out;  // [total_q, num_heads, kv_lora]  (latent; W_uv folds it to v later)
+  int64_t total_q;  // cu_q[num_seqs], known on the host
+  float* out;       // [total_q, num_heads, kv_lora]  (latent; W_uv folds it to v later)
   int64_t num_heads, kv_lora, rope_dim;
   float scale;
 };
@@ -130,7 +132,8 @@ struct KvGatherParams {
   PagedKv kv;
   const int32_t* cu_kv;  // [num_seqs + 1]
   int64_t num_seqs, row_dim;
-  float* out;  // [total_kv, row_dim]
+  int64_t total_rows;  // cu_kv[num_seqs], known on the host
+  float* out;          // [total_kv, row_dim]
 };
 
 // Grouped top-k routing (DESIGN.md §4).

@@ -30,6 +30,10 @@ class CpuBackend final : public Backend {
   void download(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.nbytes()); }
 
   DType weight_dtype() const override { return DType::F32; }
+  void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
+  std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
+    return {{"all ops", "CPU reference (f32; OpenBLAS GEMM, OpenMP loops)"}};
+  }
 
   void copy(const CopyParams& p) override { cpu::copy(p); }
   void embedding(const EmbeddingParams& p) override { cpu::embedding(p); }

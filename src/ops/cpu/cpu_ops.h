@@ -2,11 +2,14 @@
 // rows). Obviously correct first; every fast path is tested against these.
 #pragma once
 
+#include "core/tensor.h"
 #include "ops/params.h"
 
 namespace kiln::ops::cpu {
 
 void copy(const CopyParams& p);
+// Counter-hash uniform(-scale, scale), the same values the CUDA backend produces.
+void fill_random(const Tensor& t, uint64_t seed, float scale);
 void embedding(const EmbeddingParams& p);
 void rms_norm(const RmsNormParams& p);
 void linear(const LinearParams& p);

@@ -12,6 +12,28 @@ void copy(const CopyParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) std::copy_n(p.src + r * p.src_stride, p.cols, p.dst + r * p.dst_stride);
 }
 
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void fill_random(const Tensor& t, uint64_t seed, float scale) {
+  const int64_t n = t.numel();
+  KILN_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "fill_random: unsupported dtype {}", dtype_name(t.dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    const float u =
+        static_cast<float>(mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+    const float v = (2.0f * u - 1.0f) * scale;
+    if (t.dtype == DType::F32)
+      t.as<float>()[i] = v;
+    else
+      t.as<uint16_t>()[i] = f32_to_bf16(v);
+  }
+}
+
 void embedding(const EmbeddingParams& p) {
   const size_t esz = dtype_size(p.table_dtype);
   for (int64_t t = 0; t < p.num_tokens; ++t) {

@@ -1,0 +1,61 @@
+// Shared CUDA helpers: error checks, bf16 loads, launch sizing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "ops/cuda/cuda_error.h"
+
+#define KILN_CUDA_CHECK(expr)                                                                                       \
+  do {                                                                                                              \
+    cudaError_t err_ = (expr);                                                                                      \
+    if (err_ != cudaSuccess)                                                                                        \
+      ::kiln::ops::cuda::throw_error(std::string("CUDA error at " __FILE__ ":") + std::to_string(__LINE__) + ": " + \
+                                     cudaGetErrorString(err_));                                                     \
+  } while (0)
+
+namespace kiln::ops::cuda {
+
+inline unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+// Weights arrive as bf16 (the backend's weight dtype) or f32 (router, tests).
+__device__ __forceinline__ float load_w(const void* p, int64_t i, bool bf16) {
+  return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* smem32) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) smem32[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  float r = lane < nw ? smem32[lane] : 0.0f;
+  return warp_sum(r);
+}
+__device__ __forceinline__ float block_max(float v, float* smem32) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) smem32[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  float r = lane < nw ? smem32[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,49 @@
+// CUDA launchers, one per op, each on the backend's stream. Kernels live beside them, one .cu per
+// op family (elementwise, gemm, mla/, moe/). Activations f32, weights bf16 (or f32), f32 math.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "ops/params.h"
+
+namespace kiln::ops::cuda {
+
+void copy(const CopyParams& p, cudaStream_t s);
+void embedding(const EmbeddingParams& p, cudaStream_t s);
+void rms_norm(const RmsNormParams& p, cudaStream_t s);
+void add(const AddParams& p, cudaStream_t s);
+void swiglu(const SwigluParams& p, cudaStream_t s);
+void rope(const RopeParams& p, cudaStream_t s);
+void kv_scatter(const KvScatterParams& p, cudaStream_t s);
+void kv_gather(const KvGatherParams& p, cudaStream_t s);
+void log_softmax(const LogSoftmaxParams& p, cudaStream_t s);
+// Fills n values of dtype (F32 or BF16) with uniform(-scale, scale) from a counter hash of seed.
+void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+// f32 [rows, cols] (rows `stride` apart) -> contiguous bf16.
+void cast_to_bf16(const float* src, int64_t stride, void* dst, int64_t rows, int64_t cols, cudaStream_t s);
+
+// cuBLASLt GEMM: y = x · wᵀ with bf16 operands and f32 accumulation/output. `workspace` holds the
+// bf16 copy of x when the weight is bf16.
+class Gemm {
+ public:
+  Gemm();
+  ~Gemm();
+  void linear(const LinearParams& p, cudaStream_t s);
+  std::string name() const { return "cuBLASLt bf16 (f32 accumulate)"; }
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s);
+void mla_expanded(const MlaExpandedParams& p, cudaStream_t s);
+void router(const RouterParams& p, cudaStream_t s);
+
+// Routed experts. Small batches run a fused per-slot GEMV path (graph-capturable, no host sync);
+// larger ones sort tokens by expert on the host and run one cuBLASLt GEMM per expert.
+void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,173 @@
+// Embedding, RMSNorm, add, SwiGLU, copies, RoPE, KV scatter/gather, log-softmax, fills, casts.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+namespace kiln::ops::cuda {
+namespace {
+
+__global__ void copy_kernel(CopyParams p) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) p.dst[r * p.dst_stride + c] = p.src[r * p.src_stride + c];
+}
+
+__global__ void embedding_kernel(EmbeddingParams p, bool bf16) {
+  const int64_t t = blockIdx.x;
+  const int64_t id = p.ids[t];
+  if (id < 0 || id >= p.vocab) return;  // checked on the host before launch
+  for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
+    p.out[t * p.hidden + i] = load_w(p.table, id * p.hidden + i, bf16);
+}
+
+__global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf16) {
+  __shared__ float red[32];
+  const float* x = p.x + blockIdx.x * xs;
+  float* o = p.out + blockIdx.x * os;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss += x[i] * x[i];
+  ss = block_sum(ss, red);
+  const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) o[i] = load_w(p.weight, i, bf16) * (x[i] * inv);
+}
+
+__global__ void add_kernel(AddParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < p.n) p.out[i] = p.a[i] + p.b[i];
+}
+
+__global__ void swiglu_kernel(SwigluParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= p.rows * p.inter) return;
+  const int64_t r = i / p.inter, c = i % p.inter;
+  const float g = p.gate_up[r * 2 * p.inter + c], u = p.gate_up[r * 2 * p.inter + p.inter + c];
+  p.out[i] = g / (1.0f + __expf(-g)) * u;
+}
+
+// One thread per (token, head, pair).
+__global__ void rope_kernel(RopeParams p) {
+  const int64_t half = p.rot_dim / 2;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= p.num_tokens * p.num_heads * half) return;
+  const int64_t pair = i % half, h = (i / half) % p.num_heads, t = i / (half * p.num_heads);
+  // As the reference: angle in f32, precise sin/cos (not the fast intrinsics).
+  const float ang = p.inv_freq[pair] * static_cast<float>(p.positions[t]);
+  float sn, cs;
+  sincosf(ang, &sn, &cs);
+  cs *= p.attention_factor;
+  sn *= p.attention_factor;
+  float* x = p.x + t * p.token_stride + h * p.head_stride;
+  const int64_t a = p.interleaved ? 2 * pair : pair, b = p.interleaved ? 2 * pair + 1 : pair + half;
+  const float xa = x[a], xb = x[b];
+  x[a] = xa * cs - xb * sn;
+  x[b] = xb * cs + xa * sn;
+}
+
+__global__ void kv_scatter_kernel(KvScatterParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slots[t];
+  for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x)
+    p.pool[slot * p.row_dim + c] = p.rows[t * p.row_dim + c];
+}
+
+// grid.x = total rows; each block finds its sequence by scanning cu_kv (few sequences).
+__global__ void kv_gather_kernel(KvGatherParams p) {
+  const int64_t r = blockIdx.x;
+  int64_t b = 0;
+  while (b + 1 < p.num_seqs && r >= p.cu_kv[b + 1]) ++b;
+  const int64_t j = r - p.cu_kv[b];
+  const int64_t block = p.kv.block_table[b * p.kv.max_blocks + j / p.kv.block_size];
+  const float* src = p.kv.pool + (block * p.kv.block_size + j % p.kv.block_size) * p.row_dim;
+  for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x) p.out[r * p.row_dim + c] = src[c];
+}
+
+__global__ void log_softmax_kernel(LogSoftmaxParams p) {
+  __shared__ float red[32];
+  const float* l = p.logits + blockIdx.x * p.vocab;
+  float* o = p.out + blockIdx.x * p.vocab;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) mx = fmaxf(mx, l[i]);
+  mx = block_max(mx, red);
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) sum += __expf(l[i] - mx);
+  sum = block_sum(sum, red);
+  const float lse = mx + logf(sum);
+  for (int64_t i = threadIdx.x; i < p.vocab; i += blockDim.x) o[i] = l[i] - lse;
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void fill_random_kernel(void* data, bool bf16, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float u =
+        static_cast<float>(mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+    const float v = (2.0f * u - 1.0f) * scale;
+    if (bf16)
+      static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(v);
+    else
+      static_cast<float*>(data)[i] = v;
+  }
+}
+
+__global__ void cast_kernel(const float* src, int64_t stride, __nv_bfloat16* dst, int64_t rows, int64_t cols) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * cols) return;
+  const int64_t r = i / cols, c = i % cols;
+  dst[i] = __float2bfloat16(src[r * stride + c]);
+}
+
+int row_threads(int64_t cols) {
+  return cols >= 512 ? 256 : (cols >= 128 ? 128 : 32);
+}
+
+}  // namespace
+
+void copy(const CopyParams& p, cudaStream_t s) {
+  if (p.rows == 0) return;
+  copy_kernel<<<static_cast<unsigned>(p.rows), row_threads(p.cols), 0, s>>>(p);
+}
+void embedding(const EmbeddingParams& p, cudaStream_t s) {
+  embedding_kernel<<<static_cast<unsigned>(p.num_tokens), row_threads(p.hidden), 0, s>>>(p,
+                                                                                         p.table_dtype == DType::BF16);
+}
+void rms_norm(const RmsNormParams& p, cudaStream_t s) {
+  if (p.rows == 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(p.rows), row_threads(p.dim), 0, s>>>(
+      p, p.x_stride ? p.x_stride : p.dim, p.out_stride ? p.out_stride : p.dim, p.weight_dtype == DType::BF16);
+}
+void add(const AddParams& p, cudaStream_t s) {
+  if (p.n) add_kernel<<<blocks_for(p.n, 256), 256, 0, s>>>(p);
+}
+void swiglu(const SwigluParams& p, cudaStream_t s) {
+  if (p.rows * p.inter) swiglu_kernel<<<blocks_for(p.rows * p.inter, 256), 256, 0, s>>>(p);
+}
+void rope(const RopeParams& p, cudaStream_t s) {
+  const int64_t n = p.num_tokens * p.num_heads * (p.rot_dim / 2);
+  if (n) rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(p);
+}
+void kv_scatter(const KvScatterParams& p, cudaStream_t s) {
+  if (p.num_tokens) kv_scatter_kernel<<<static_cast<unsigned>(p.num_tokens), 128, 0, s>>>(p);
+}
+void kv_gather(const KvGatherParams& p, cudaStream_t s) {
+  if (p.total_rows) kv_gather_kernel<<<static_cast<unsigned>(p.total_rows), 128, 0, s>>>(p);
+}
+void log_softmax(const LogSoftmaxParams& p, cudaStream_t s) {
+  if (p.rows) log_softmax_kernel<<<static_cast<unsigned>(p.rows), 256, 0, s>>>(p);
+}
+void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
+  if (n)
+    fill_random_kernel<<<std::min<int64_t>(65535, (n + 255) / 256), 256, 0, s>>>(data, dtype == DType::BF16, n, seed,
+                                                                                 scale);
+}
+void cast_to_bf16(const float* src, int64_t stride, void* dst, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols)
+    cast_kernel<<<blocks_for(rows * cols, 256), 256, 0, s>>>(src, stride ? stride : cols,
+                                                             static_cast<__nv_bfloat16*>(dst), rows, cols);
+}
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,106 @@
+// y = x · wᵀ through cuBLASLt: bf16 operands, f32 accumulation and output. Activations are f32
+// in the model, so x is cast to bf16 first (a pass over activations only, small beside weights).
+// Algorithm choices are cached per shape.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+#define KILN_CUBLAS_CHECK(expr)                                                                                        \
+  do {                                                                                                                 \
+    cublasStatus_t st_ = (expr);                                                                                       \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                                  \
+      ::kiln::ops::cuda::throw_error("cuBLASLt error " + std::to_string(static_cast<int>(st_)) + " at " __FILE__ ":" + \
+                                     std::to_string(__LINE__));                                                        \
+  } while (0)
+
+namespace kiln::ops::cuda {
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_size = 64u << 20;
+  void* xbuf = nullptr;  // bf16 copy of x
+  size_t xbuf_size = 0;
+  // (m, n, k, x_ld, y_ld) -> chosen algorithm
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> algos;
+
+  void ensure_xbuf(size_t bytes) {
+    if (bytes <= xbuf_size) return;
+    if (xbuf) cudaFree(xbuf);
+    xbuf_size = std::max(bytes, xbuf_size * 2);
+    KILN_CUDA_CHECK(cudaMalloc(&xbuf, xbuf_size));
+  }
+};
+
+Gemm::Gemm() : impl_(new Impl) {
+  KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, impl_->workspace_size));
+}
+
+Gemm::~Gemm() {
+  if (impl_->xbuf) cudaFree(impl_->xbuf);
+  cudaFree(impl_->workspace);
+  cublasLtDestroy(impl_->handle);
+  delete impl_;
+}
+
+void Gemm::linear(const LinearParams& p, cudaStream_t s) {
+  if (p.m == 0 || p.n == 0) return;
+  const int64_t ys = p.y_stride ? p.y_stride : p.n;
+  const void* a = p.w;  // weights [n, k] row-major = column-major [k, n]: op(A) = Aᵀ gives [n, k]
+  cudaDataType_t ab_type = CUDA_R_16BF;
+  const void* b = nullptr;
+  int64_t ldb = p.k;
+  if (p.w_dtype == DType::BF16) {
+    impl_->ensure_xbuf(static_cast<size_t>(p.m * p.k) * 2);
+    cast_to_bf16(p.x, p.x_stride ? p.x_stride : p.k, impl_->xbuf, p.m, p.k, s);
+    b = impl_->xbuf;
+  } else {
+    KILN_REQUIRE(p.w_dtype == DType::F32, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));
+    ab_type = CUDA_R_32F;  // f32 weights (tests, router): plain f32 GEMM
+    b = p.x;
+    ldb = p.x_stride ? p.x_stride : p.k;
+  }
+  cublasLtMatmulDesc_t op;
+  const cublasComputeType_t compute = ab_type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  cublasLtMatrixLayout_t la, lb, lc;
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&la, ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n), p.k));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&lb, ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.m), ldb));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.m), ys));
+  const auto key = std::make_tuple(p.m, p.n, p.k, ldb * (ab_type == CUDA_R_32F ? -1 : 1), ys);
+  auto it = impl_->algos.find(key);
+  if (it == impl_->algos.end()) {
+    cublasLtMatmulPreference_t pref;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &impl_->workspace_size, sizeof(impl_->workspace_size)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, op, la, lb, lc, lc, pref, 1, &res, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    KILN_REQUIRE(found > 0, "cuBLASLt has no algorithm for a " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" +
+                                std::to_string(p.k) + " GEMM");
+    impl_->algos[key] = res.algo;
+    it = impl_->algos.find(key);
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  KILN_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, op, &alpha, a, la, b, lb, &beta, p.y, lc, p.y, lc, &it->second,
+                                   impl_->workspace, impl_->workspace_size, s));
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+}
+
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,224 @@
+// Absorbed MLA over the paged latent cache (decode and speculative verification).
+//
+// Each latent row (576 f32: c_kv ‖ k_pe) is shared by every head, so a CTA takes a tile of 16
+// heads and streams rows through shared memory once for all of them; head counts that are not a
+// multiple of 16 (1, 5, 12, 24, ...) mask the tail of the last tile. Long contexts split across
+// CTAs (split-KV); a second kernel merges the partial softmaxes by log-sum-exp.
+#include <algorithm>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+namespace kiln::ops::cuda {
+namespace {
+
+constexpr int kHeads = 16;  // heads per CTA tile
+constexpr int kRows = 16;   // latent rows per iteration
+constexpr int kThreads = 256;
+constexpr int kMaxSplits = 64;
+
+struct DecodeShape {
+  int64_t row, kv_lora, pad;  // row = kv_lora + rope; pad: shared row stride (row + 1, bank-conflict free)
+};
+
+__device__ int64_t seq_of(const int32_t* cu_q, int64_t num_seqs, int64_t qi) {
+  int64_t lo = 0, hi = num_seqs - 1;  // last b with cu_q[b] <= qi
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu_q[mid] <= qi)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// grid: (splits, total_q, head_tiles). Writes unnormalised partial outputs and (max, sum) per head.
+__global__ void __launch_bounds__(kThreads)
+    mla_decode_partial(MlaAbsorbedParams p, DecodeShape sh, int splits, float* part_out, float* part_ml) {
+  extern __shared__ float smem[];
+  float* q_s = smem;                      // [kHeads][pad]
+  float* kv_s = q_s + kHeads * sh.pad;    // [kRows][pad]
+  float* p_s = kv_s + kRows * sh.pad;     // [kHeads][kRows]
+  float* scale_s = p_s + kHeads * kRows;  // [kHeads]
+  float* m_s = scale_s + kHeads;          // [kHeads]
+  float* l_s = m_s + kHeads;              // [kHeads]
+
+  const int split = blockIdx.x;
+  const int64_t qi = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.z) * kHeads;
+  const int tid = threadIdx.x;
+  const int64_t b = seq_of(p.cu_q, p.num_seqs, qi);
+  const int64_t q_len = p.cu_q[b + 1] - p.cu_q[b], kv_len = p.kv.kv_lens[b];
+  const int64_t visible = kv_len - q_len + (qi - p.cu_q[b]) + 1;
+  const int64_t chunk = ((visible + splits - 1) / splits + kRows - 1) / kRows * kRows;
+  const int64_t j0 = split * chunk, j1 = min(visible, j0 + chunk);
+
+  for (int64_t i = tid; i < kHeads * sh.row; i += kThreads) {
+    const int64_t h = i / sh.row, d = i % sh.row;
+    q_s[h * sh.pad + d] = h0 + h < p.num_heads ? p.q[(qi * p.num_heads + h0 + h) * sh.row + d] : 0.0f;
+  }
+  if (tid < kHeads) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  // Each thread owns columns c0 and c0 + 1 of the latent output, for all heads of the tile.
+  const int64_t c0 = 2 * tid;
+  const bool owns = c0 < sh.kv_lora;
+  float acc[kHeads][2];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) acc[h][0] = acc[h][1] = 0.0f;
+  __syncthreads();
+
+  for (int64_t jb = j0; jb < j1; jb += kRows) {
+    const int64_t n = min(static_cast<int64_t>(kRows), j1 - jb);
+    for (int64_t i = tid; i < n * sh.row; i += kThreads) {
+      const int64_t r = i / sh.row, d = i % sh.row, j = jb + r;
+      const int64_t blk = p.kv.block_table[b * p.kv.max_blocks + j / p.kv.block_size];
+      kv_s[r * sh.pad + d] = p.kv.pool[(blk * p.kv.block_size + j % p.kv.block_size) * sh.row + d];
+    }
+    __syncthreads();
+    {  // scores: thread -> (head, row)
+      const int h = tid / kRows, r = tid % kRows;
+      float dot = -INFINITY;
+      if (r < n) {
+        dot = 0.0f;
+        const float* qh = q_s + h * sh.pad;
+        const float* kr = kv_s + r * sh.pad;
+        for (int64_t d = 0; d < sh.row; ++d) dot += qh[d] * kr[d];
+        dot *= p.scale;
+      }
+      p_s[h * kRows + r] = dot;
+    }
+    __syncthreads();
+    if (tid < kHeads) {  // online softmax per head
+      float* ph = p_s + tid * kRows;
+      float mx = m_s[tid];
+      for (int r = 0; r < kRows; ++r) mx = fmaxf(mx, ph[r]);
+      const float sc = m_s[tid] == -INFINITY ? 0.0f : __expf(m_s[tid] - mx);
+      float sum = 0.0f;
+      for (int r = 0; r < kRows; ++r) {
+        const float e = ph[r] == -INFINITY ? 0.0f : __expf(ph[r] - mx);
+        ph[r] = e;
+        sum += e;
+      }
+      l_s[tid] = l_s[tid] * sc + sum;
+      m_s[tid] = mx;
+      scale_s[tid] = sc;
+    }
+    __syncthreads();
+    if (owns) {
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        acc[h][0] *= scale_s[h];
+        acc[h][1] *= scale_s[h];
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        const float v0 = kv_s[r * sh.pad + c0], v1 = kv_s[r * sh.pad + c0 + 1];
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+          const float w = p_s[h * kRows + r];
+          acc[h][0] += w * v0;
+          acc[h][1] += w * v1;
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  const int64_t slot = static_cast<int64_t>(split) * gridDim.y + qi;  // [splits, total_q]
+  if (owns) {
+    for (int h = 0; h < kHeads; ++h) {
+      if (h0 + h >= p.num_heads) break;
+      float* o = part_out + (slot * p.num_heads + h0 + h) * sh.kv_lora + c0;
+      if (splits == 1) {  // no merge needed: normalise here, straight into the output
+        const float inv = l_s[h] > 0 ? 1.0f / l_s[h] : 0.0f;
+        o[0] = acc[h][0] * inv;
+        o[1] = acc[h][1] * inv;
+      } else {
+        o[0] = acc[h][0];
+        o[1] = acc[h][1];
+      }
+    }
+  }
+  if (tid < kHeads && h0 + tid < p.num_heads) {
+    part_ml[(slot * p.num_heads + h0 + tid) * 2] = m_s[tid];
+    part_ml[(slot * p.num_heads + h0 + tid) * 2 + 1] = l_s[tid];
+  }
+}
+
+// grid: (total_q, num_heads); merges the splits by log-sum-exp.
+__global__ void mla_decode_combine(const float* part_out, const float* part_ml, int splits, int64_t total_q,
+                                   int64_t num_heads, int64_t kv_lora, float* out) {
+  const int64_t qi = blockIdx.x, h = blockIdx.y;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[((s * total_q + qi) * num_heads + h) * 2]);
+  float denom = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float m = part_ml[((s * total_q + qi) * num_heads + h) * 2];
+    if (m != -INFINITY) denom += part_ml[((s * total_q + qi) * num_heads + h) * 2 + 1] * __expf(m - mx);
+  }
+  for (int64_t c = threadIdx.x; c < kv_lora; c += blockDim.x) {
+    float v = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float m = part_ml[((s * total_q + qi) * num_heads + h) * 2];
+      if (m != -INFINITY) v += part_out[((s * total_q + qi) * num_heads + h) * kv_lora + c] * __expf(m - mx);
+    }
+    out[(qi * num_heads + h) * kv_lora + c] = v / denom;
+  }
+}
+
+// Scratch for the split partials, grown on demand.
+struct Scratch {
+  float* ptr = nullptr;
+  size_t bytes = 0;
+  float* get(size_t need) {
+    if (need > bytes) {
+      if (ptr) cudaFree(ptr);
+      bytes = std::max(need, bytes * 2);
+      KILN_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+    }
+    return ptr;
+  }
+};
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+}  // namespace
+
+void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
+  const int64_t total_q = p.total_q;
+  if (total_q == 0) return;
+  KILN_REQUIRE(p.kv_lora % 2 == 0 && p.kv_lora <= 2 * kThreads,
+               "mla_absorbed: kv_lora " + std::to_string(p.kv_lora) + " must be even and <= 512");
+  const DecodeShape sh{p.kv_lora + p.rope_dim, p.kv_lora, p.kv_lora + p.rope_dim + 1};
+  const int64_t head_tiles = (p.num_heads + kHeads - 1) / kHeads;
+  // Enough CTAs to fill the GPU twice over; splits that land past a row's context exit at once.
+  const int64_t ctas = total_q * head_tiles;
+  const int splits = static_cast<int>(std::clamp<int64_t>((2 * sm_count() + ctas - 1) / ctas, 1, kMaxSplits));
+  const size_t smem = sizeof(float) * static_cast<size_t>((kHeads + kRows) * sh.pad + kHeads * kRows + 3 * kHeads);
+  static bool attr = [smem] {
+    cudaFuncSetAttribute(mla_decode_partial, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+    return smem > 0;
+  }();
+  (void)attr;
+  static Scratch part_out, part_ml;
+  float* po = splits == 1 ? p.out : part_out.get(sizeof(float) * splits * total_q * p.num_heads * p.kv_lora);
+  float* pm = part_ml.get(sizeof(float) * splits * total_q * p.num_heads * 2);
+  dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(total_q), static_cast<unsigned>(head_tiles));
+  mla_decode_partial<<<grid, kThreads, smem, s>>>(p, sh, splits, po, pm);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  if (splits > 1)
+    mla_decode_combine<<<dim3(static_cast<unsigned>(total_q), static_cast<unsigned>(p.num_heads)), 128, 0, s>>>(
+        po, pm, splits, total_q, p.num_heads, p.kv_lora, p.out);
+}
+
+}  // namespace kiln::ops::cuda
