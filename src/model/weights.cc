@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -182,6 +183,100 @@ ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Bac
   w.final_norm = ld.get("model.norm.weight");
   w.lm_head = c.tie_word_embeddings ? w.embed : ld.get("lm_head.weight");
   ld.finish();
+  return w;
+}
+
+namespace {
+
+class RandomFiller {
+ public:
+  RandomFiller(ops::Backend& be, uint64_t seed) : be_(be), seed_(seed) {}
+  // A projection [rows, cols]: uniform(±sqrt(3 / cols)) so outputs have about unit variance.
+  OwnedTensor matrix(Shape shape, DType dt) {
+    OwnedTensor t = be_.alloc(dt, shape);
+    be_.fill_random(t.t, ++seed_, std::sqrt(3.0f / static_cast<float>(shape.back())));
+    return t;
+  }
+  OwnedTensor constant(int64_t n, float v) {
+    OwnedTensor t = be_.alloc(DType::F32, {n});
+    std::vector<float> h(static_cast<size_t>(n), v);
+    be_.upload(t.t, h.data());
+    return t;
+  }
+
+ private:
+  ops::Backend& be_;
+  uint64_t seed_;
+};
+
+}  // namespace
+
+ModelWeights random_weights(const ModelConfig& c, ops::Backend& be, uint64_t seed) {
+  RandomFiller f(be, seed);
+  const DType wd = be.weight_dtype();
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim,
+                r = c.kv_lora_rank;
+  ModelWeights w;
+  w.embed = f.matrix({c.vocab_size, H}, wd);
+  Progress progress("random weights", static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights lw;
+    lw.input_norm = f.constant(H, 1.0f);
+    lw.post_attn_norm = f.constant(H, 1.0f);
+    if (c.q_lora_rank > 0) {
+      lw.q_a = f.matrix({c.q_lora_rank, H}, wd);
+      lw.q_a_norm = f.constant(c.q_lora_rank, 1.0f);
+      lw.q_b = f.matrix({nh * c.qk_head_dim(), c.q_lora_rank}, wd);
+    } else {
+      lw.q_proj = f.matrix({nh * c.qk_head_dim(), H}, wd);
+    }
+    lw.kv_a = f.matrix({c.kv_row_dim(), H}, wd);
+    lw.kv_a_norm = f.constant(r, 1.0f);
+    // kv_b is small: make it on the host so W_uk^T is its exact transpose.
+    OwnedTensor kvb_f32 = f.matrix({nh * (nope + vd), r}, DType::F32);
+    std::vector<float> kv_b(static_cast<size_t>(kvb_f32.t.numel()));
+    be.download(kv_b.data(), kvb_f32.t);
+    std::vector<float> uk_t(static_cast<size_t>(nh * r * nope));
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t i = 0; i < nope; ++i)
+        for (int64_t j = 0; j < r; ++j)
+          uk_t[static_cast<size_t>((h * r + j) * nope + i)] = kv_b[static_cast<size_t>((h * (nope + vd) + i) * r + j)];
+    auto to_backend = [&](const std::vector<float>& v, Shape shape) {
+      OwnedTensor t = be.alloc(wd, std::move(shape));
+      if (wd == DType::F32) {
+        be.upload(t.t, v.data());
+      } else {
+        std::vector<uint16_t> hb(v.size());
+        for (size_t i = 0; i < v.size(); ++i) hb[i] = f32_to_bf16(v[i]);
+        be.upload(t.t, hb.data());
+      }
+      return t;
+    };
+    lw.kv_b = to_backend(kv_b, {nh * (nope + vd), r});
+    lw.w_uk_t = to_backend(uk_t, {nh, r, nope});
+    lw.o_proj = f.matrix({H, nh * vd}, wd);
+    lw.moe = c.is_moe_layer(l);
+    if (!lw.moe) {
+      lw.mlp_gate_up = f.matrix({2 * c.intermediate_size, H}, wd);
+      lw.mlp_down = f.matrix({H, c.intermediate_size}, wd);
+    } else {
+      const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+      lw.router = f.matrix({E, H}, DType::F32);
+      lw.router_bias = f.constant(E, 0.0f);
+      lw.experts_gate_up = f.matrix({E, 2 * I, H}, wd);
+      lw.experts_down = f.matrix({E, H, I}, wd);
+      if (c.n_shared_experts > 0) {
+        const int64_t S = I * c.n_shared_experts;
+        lw.shared_gate_up = f.matrix({2 * S, H}, wd);
+        lw.shared_down = f.matrix({H, S}, wd);
+      }
+    }
+    w.layers.push_back(std::move(lw));
+    progress.advance();
+  }
+  progress.finish();
+  w.final_norm = f.constant(H, 1.0f);
+  w.lm_head = c.tie_word_embeddings ? w.embed : f.matrix({c.vocab_size, H}, wd);
   return w;
 }
 

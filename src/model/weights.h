@@ -43,4 +43,10 @@ struct ModelWeights {
 // weights are dequantised with their weight_scale_inv.
 ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be);
 
+// Random weights of the right shapes, filled on the backend itself (no host round trip for the
+// experts), for benchmarks of shapes we have no checkpoint for. Projections are uniform with unit
+// output variance, norms are 1, router biases 0; W_uk is the true transpose of kv_b's rows, so the
+// two MLA forms still agree.
+ModelWeights random_weights(const ModelConfig& c, ops::Backend& be, uint64_t seed);
+
 }  // namespace kiln

@@ -36,8 +36,9 @@ TEST(Parity, EmbeddingRopeLogSoftmax) {
   const int64_t V = 1000, H = 96, T = 37;
   auto table = bf16_round(randn(static_cast<size_t>(V * H), 4));
   std::vector<int32_t> ids(T), pos(T);
-  for (int64_t i = 0; i < T; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V),
-                                   pos[static_cast<size_t>(i)] = static_cast<int32_t>(i * 883 % 32768);
+  for (int64_t i = 0; i < T; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V),
+    pos[static_cast<size_t>(i)] = static_cast<int32_t>(i * 883 % 32768);
   std::vector<float> inv(8);
   for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(2 * i) / 16.0f);
   for (bool interleaved : {true, false}) {
@@ -69,7 +70,8 @@ TEST(Parity, Linear) {
   };
   for (S s : {S{1, 64, 64}, S{7, 300, 129}, S{1, 2048, 7168}, S{256, 512, 1000}, S{33, 4096, 512}, S{128, 163, 90}}) {
     // The GPU multiplies bf16 operands: round x too, so the comparison measures accumulation only.
-    auto x = bf16_round(randn(static_cast<size_t>(s.m * s.k), 6)), w = bf16_round(randn(static_cast<size_t>(s.n * s.k), 7));
+    auto x = bf16_round(randn(static_cast<size_t>(s.m * s.k), 6)),
+         w = bf16_round(randn(static_cast<size_t>(s.n * s.k), 7));
     std::vector<float> out[2];
     ops::Backend* be[2] = {cpu.get(), gpu.get()};
     for (int b = 0; b < 2; ++b) {
@@ -163,8 +165,8 @@ TEST(Parity, KvScatterGather) {
     auto tt = put_raw(*be[b], table, DType::I32), tl = put_raw(*be[b], lens, DType::I32),
          tc = put_raw(*be[b], cu, DType::I32);
     auto to = poisoned(*be[b], static_cast<size_t>(170 * row));
-    be[b]->kv_gather({{pool.f32(), tt.t.as<int32_t>(), tl.t.as<int32_t>(), bs, 3}, tc.t.as<int32_t>(), 2, row, 170,
-                      to.f32()});
+    be[b]->kv_gather(
+        {{pool.f32(), tt.t.as<int32_t>(), tl.t.as<int32_t>(), bs, 3}, tc.t.as<int32_t>(), 2, row, 170, to.f32()});
     out[b] = get(*be[b], to);
   }
   EXPECT_EQ(norm_err(out[0], out[1]), 0.0);

@@ -25,8 +25,16 @@ std::vector<float> run_absorbed(ops::Backend& be, const DecodeCase& c, const std
   auto tq = put(be, q), tp = put(be, pool), tt = put_raw(be, table, DType::I32),
        tl = put_raw(be, c.kv_lens, DType::I32), tc = put_raw(be, cu, DType::I32);
   auto to = poisoned(be, static_cast<size_t>(total_q * c.heads * kLora));
-  be.mla_absorbed({tq.f32(), {tp.f32(), tt.t.as<int32_t>(), tl.t.as<int32_t>(), kBlock, max_blocks}, tc.t.as<int32_t>(),
-                   B, total_q, to.f32(), c.heads, kLora, kRope, 0.07f});
+  be.mla_absorbed({tq.f32(),
+                   {tp.f32(), tt.t.as<int32_t>(), tl.t.as<int32_t>(), kBlock, max_blocks},
+                   tc.t.as<int32_t>(),
+                   B,
+                   total_q,
+                   to.f32(),
+                   c.heads,
+                   kLora,
+                   kRope,
+                   0.07f});
   return get(be, to);
 }
 
@@ -57,9 +65,9 @@ TEST(MlaParity, AbsorbedAcrossHeadsContextsBatches) {
   for (int64_t h : {1, 5, 8, 12, 16, 24, 64, 128}) cases.push_back({h, {1}, 1});
   for (int32_t ctx : {17, 300, 4096, 32768}) cases.push_back({16, {ctx}, 1});
   cases.push_back({128, {8192}, 1});
-  cases.push_back({12, {5000, 33, 1, 777}, 1});                                 // mixed lengths
-  cases.push_back({12, std::vector<int32_t>(256, 100), 1});                     // batch 256
-  cases.push_back({24, {900, 64}, 4});                                          // speculative: 4 queries
+  cases.push_back({12, {5000, 33, 1, 777}, 1});              // mixed lengths
+  cases.push_back({12, std::vector<int32_t>(256, 100), 1});  // batch 256
+  cases.push_back({24, {900, 64}, 4});                       // speculative: 4 queries
   uint64_t seed = 100;
   for (const auto& c : cases) {
     auto in = make_decode(c, seed += 10);
@@ -101,9 +109,16 @@ std::vector<float> run_expanded(ops::Backend& be, const PrefillCase& c, const st
   auto tq = put(be, q), tk = put(be, k), tv = put(be, v), tcq = put_raw(be, cu_q, DType::I32),
        tck = put_raw(be, cu_kv, DType::I32);
   auto to = poisoned(be, static_cast<size_t>(cu_q.back() * c.heads * c.v));
-  be.mla_expanded({tq.f32(), tk.f32(), tv.f32(), to.f32(),
-                   {tcq.t.as<int32_t>(), tck.t.as<int32_t>(), static_cast<int64_t>(c.q_lens.size())}, cu_q.back(),
-                   c.heads, c.qk, c.v, 0.09f});
+  be.mla_expanded({tq.f32(),
+                   tk.f32(),
+                   tv.f32(),
+                   to.f32(),
+                   {tcq.t.as<int32_t>(), tck.t.as<int32_t>(), static_cast<int64_t>(c.q_lens.size())},
+                   cu_q.back(),
+                   c.heads,
+                   c.qk,
+                   c.v,
+                   0.09f});
   return get(be, to);
 }
 
@@ -113,7 +128,7 @@ TEST(MlaParity, ExpandedPrefillVarlenCausal) {
   std::vector<PrefillCase> cases;
   for (int64_t h : {1, 5, 8, 12, 16, 24, 64, 128}) cases.push_back({h, 192, 128, {37}, {37}});
   cases.push_back({12, 192, 128, {1000, 3, 64}, {1500, 3, 200}});  // chunks over cached prefixes
-  cases.push_back({5, 30, 20, {17, 1}, {17, 9}});                   // odd head dims
+  cases.push_back({5, 30, 20, {17, 1}, {17, 9}});                  // odd head dims
   cases.push_back({16, 192, 128, {2048}, {2048}});
   uint64_t seed = 500;
   for (const auto& c : cases) {

@@ -57,4 +57,13 @@ std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();
 }
 
+#ifndef KILN_WITH_CUDA
+std::unique_ptr<Backend> make_cuda_backend() {
+  fail("--device cuda: this kiln was built without CUDA (configure with nvcc present or -DKILN_CUDA=ON)");
+}
+bool cuda_available() {
+  return false;
+}
+#endif
+
 }  // namespace kiln::ops
