@@ -94,6 +94,10 @@ def randomize(model, gen):
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:
                 b.copy_(torch.rand(b.shape, generator=gen) * 0.15 - 0.05)
+        # Checkpoints ship bf16: make every weight exactly representable in bf16 (and store it as
+        # BF16), so a bf16 backend holds the very weights the reference ran with.
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
 
 
 def expert_tensors(model, cfg):
@@ -134,18 +138,20 @@ def export_state(model, cfg):
             continue
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        sd[name] = t.detach().float().contiguous().cpu()
+        keep_f32 = "e_score_correction_bias" in name
+        sd[name] = t.detach().contiguous().cpu().float() if keep_f32 else t.detach().contiguous().cpu().bfloat16()
     for l, lst in experts.items():
         for e, (g, u, d) in enumerate(lst):
             p = f"model.layers.{l}.mlp.experts.{e}."
-            sd[p + "gate_proj.weight"] = g.detach().float().contiguous().cpu()
-            sd[p + "up_proj.weight"] = u.detach().float().contiguous().cpu()
-            sd[p + "down_proj.weight"] = d.detach().float().contiguous().cpu()
+            sd[p + "gate_proj.weight"] = g.detach().contiguous().cpu().bfloat16()
+            sd[p + "up_proj.weight"] = u.detach().contiguous().cpu().bfloat16()
+            sd[p + "down_proj.weight"] = d.detach().contiguous().cpu().bfloat16()
     return sd
 
 
 def fp8_quantize(w, block):
-    """e4m3 weight + per-block f32 scale_inv with w ≈ q * scale_inv."""
+    """e4m3 weight + per-block f32 scale_inv with w ≈ q * scale_inv. Scales are powers of two so
+    the dequantised weights are exact in bf16 (a bf16 backend then holds the reference's weights)."""
     n, k = w.shape
     bn, bk = block
     q = torch.empty_like(w)
@@ -153,7 +159,7 @@ def fp8_quantize(w, block):
     for i in range(scale.shape[0]):
         for j in range(scale.shape[1]):
             blk = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk]
-            s = blk.abs().max().clamp(min=1e-12) / 448.0
+            s = torch.exp2(torch.ceil(torch.log2(blk.abs().max().clamp(min=1e-12) / 448.0)))
             scale[i, j] = s
             q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = blk / s
     return q.to(torch.float8_e4m3fn), scale
@@ -220,7 +226,7 @@ def main():
             for k, t in state.items():
                 is_proj = t.dim() == 2 and "embed_tokens" not in k and "mlp.gate.weight" not in k and k != "lm_head.weight"
                 if is_proj:
-                    q, s = fp8_quantize(t, FP8_BLOCK)
+                    q, s = fp8_quantize(t.float(), FP8_BLOCK)
                     q_state[k], q_state[k + "_scale_inv"] = q, s
                     deq[k] = (q.float() * s.repeat_interleave(FP8_BLOCK[0], 0)[: t.shape[0]]
                               .repeat_interleave(FP8_BLOCK[1], 1)[:, : t.shape[1]])
@@ -244,7 +250,7 @@ def main():
                         dn.copy_(deq[p + "down_proj.weight"].to(dev))
                 # Check the copies reached the model.
                 st2 = export_state(model, hf_cfg)
-                worst = max((st2[k] - deq[k]).abs().max().item() for k in deq)
+                worst = max((st2[k].float() - deq[k]).abs().max().item() for k in deq)
                 assert worst == 0.0, f"dequantised weights did not reach the model ({worst})"
             write_fixture(args.out, name + "_fp8", fp8_cfg, q_state, model, torch.Generator().manual_seed(99))
     return 0

@@ -21,11 +21,9 @@ void kv_gather(const KvGatherParams& p, cudaStream_t s);
 void log_softmax(const LogSoftmaxParams& p, cudaStream_t s);
 // Fills n values of dtype (F32 or BF16) with uniform(-scale, scale) from a counter hash of seed.
 void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t s);
-// f32 [rows, cols] (rows `stride` apart) -> contiguous bf16.
-void cast_to_bf16(const float* src, int64_t stride, void* dst, int64_t rows, int64_t cols, cudaStream_t s);
 
-// cuBLASLt GEMM: y = x · wᵀ with bf16 operands and f32 accumulation/output. `workspace` holds the
-// bf16 copy of x when the weight is bf16.
+// cuBLASLt GEMM: y = x · wᵀ with bf16 operands and f32 accumulation/output (see gemm.cu for how
+// f32 activations keep their precision).
 class Gemm {
  public:
   Gemm();

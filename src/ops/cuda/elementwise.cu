@@ -114,13 +114,6 @@ __global__ void fill_random_kernel(void* data, bool bf16, int64_t n, uint64_t se
   }
 }
 
-__global__ void cast_kernel(const float* src, int64_t stride, __nv_bfloat16* dst, int64_t rows, int64_t cols) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * cols) return;
-  const int64_t r = i / cols, c = i % cols;
-  dst[i] = __float2bfloat16(src[r * stride + c]);
-}
-
 int row_threads(int64_t cols) {
   return cols >= 512 ? 256 : (cols >= 128 ? 128 : 32);
 }
@@ -164,10 +157,4 @@ void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale,
     fill_random_kernel<<<std::min<int64_t>(65535, (n + 255) / 256), 256, 0, s>>>(data, dtype == DType::BF16, n, seed,
                                                                                  scale);
 }
-void cast_to_bf16(const float* src, int64_t stride, void* dst, int64_t rows, int64_t cols, cudaStream_t s) {
-  if (rows * cols)
-    cast_kernel<<<blocks_for(rows * cols, 256), 256, 0, s>>>(src, stride ? stride : cols,
-                                                             static_cast<__nv_bfloat16*>(dst), rows, cols);
-}
-
 }  // namespace kiln::ops::cuda
