@@ -201,21 +201,15 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
   } else {
     // Fold W_uk into q: q_lat[h] = W_uk[h]ᵀ q_nope[h]; the rope part rides along unchanged.
     OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]
-    const size_t uk_esz = dtype_size(w.w_uk_t.t.dtype);
-    for (int64_t hd = 0; hd < nh; ++hd) {
-      const void* wuk = static_cast<const char*>(w.w_uk_t.t.data) + static_cast<size_t>(hd * r * nope) * uk_esz;
-      be_.linear({q.f32() + hd * qk, nh * qk, wuk, w.w_uk_t.t.dtype, qa.f32() + hd * row, nh * row, T, r, nope});
-    }
+    be_.linear_heads(
+        {q.f32(), nh * qk, qk, w.w_uk_t.t.data, r * nope, w.w_uk_t.t.dtype, qa.f32(), nh * row, row, nh, T, r, nope});
     be_.copy({q.f32() + nope, qk, qa.f32() + r, row, T * nh, rope});
     OwnedTensor lat = scratch(T, nh * r);  // [T, nh, kv_lora]
     be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, T, lat.f32(), nh, r, rope, scale_});
     // Fold W_uv into the output: v[h] = W_uv[h] · lat[h].
     const size_t esz = dtype_size(w.kv_b.t.dtype);
-    for (int64_t hd = 0; hd < nh; ++hd) {
-      const void* wuv =
-          static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>((hd * (nope + vd) + nope) * r) * esz;
-      be_.linear({lat.f32() + hd * r, nh * r, wuv, w.kv_b.t.dtype, o.f32() + hd * vd, nh * vd, T, vd, r});
-    }
+    const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
+    be_.linear_heads({lat.f32(), nh * r, r, wuv, (nope + vd) * r, w.kv_b.t.dtype, o.f32(), nh * vd, vd, nh, T, vd, r});
   }
   be_.linear({o.f32(), 0, w.o_proj.t.data, w.o_proj.t.dtype, out, 0, T, H, nh * vd});
 }

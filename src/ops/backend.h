@@ -44,6 +44,7 @@ class Backend {
   virtual void embedding(const EmbeddingParams& p) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void linear(const LinearParams& p) = 0;
+  virtual void linear_heads(const LinearHeadsParams& p) = 0;
   virtual void add(const AddParams& p) = 0;
   virtual void swiglu(const SwigluParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;

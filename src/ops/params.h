@@ -39,6 +39,19 @@ struct LinearParams {
   int64_t m, n, k;
 };
 
+// Per head h: y[:, h, :] = x[:, h, :] · W[h]ᵀ, every head in one call (the absorbed form's W_uk
+// and W_uv folds).
+struct LinearHeadsParams {
+  const float* x;  // [m, heads, k] at x + t * x_stride + h * x_head_stride
+  int64_t x_stride, x_head_stride;
+  const void* w;  // head h: [n, k] row-major at w + h * w_head_stride (elements)
+  int64_t w_head_stride;
+  DType w_dtype;
+  float* y;  // [m, heads, n] at y + t * y_stride + h * y_head_stride
+  int64_t y_stride, y_head_stride;
+  int64_t heads, m, n, k;
+};
+
 // out[i] = a[i] + b[i]
 struct AddParams {
   const float* a;  // [n]

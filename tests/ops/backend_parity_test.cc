@@ -84,6 +84,28 @@ TEST(Parity, Linear) {
   }
 }
 
+TEST(Parity, LinearHeads) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  for (int64_t m : {1, 3, 8, 33}) {
+    for (int64_t heads : {1, 5, 12, 16}) {
+      const int64_t n = 512, k = 128, xs = heads * (k + 64), ys = heads * (n + 64);  // strided like the model
+      auto x = bf16_round(randn(static_cast<size_t>(m * xs), 20));
+      auto w = bf16_round(randn(static_cast<size_t>(heads * (n + 128) * k), 21, 0.1f));
+      std::vector<float> out[2];
+      ops::Backend* be[2] = {cpu.get(), gpu.get()};
+      for (int b = 0; b < 2; ++b) {
+        auto tx = put(*be[b], x), tw = put(*be[b], w, b ? DType::BF16 : DType::F32);
+        auto ty = put(*be[b], std::vector<float>(static_cast<size_t>(m * ys), 0.0f));
+        be[b]->linear_heads(
+            {tx.f32(), xs, k + 64, tw.t.data, (n + 128) * k, tw.t.dtype, ty.f32(), ys, n + 64, heads, m, n, k});
+        out[b] = get(*be[b], ty);
+      }
+      EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << m << " rows, " << heads << " heads";
+    }
+  }
+}
+
 struct RouterShape {
   int64_t tokens, experts, top_k, groups, topk_groups;
 };

@@ -39,6 +39,7 @@ class CpuBackend final : public Backend {
   void embedding(const EmbeddingParams& p) override { cpu::embedding(p); }
   void rms_norm(const RmsNormParams& p) override { cpu::rms_norm(p); }
   void linear(const LinearParams& p) override { cpu::linear(p); }
+  void linear_heads(const LinearHeadsParams& p) override { cpu::linear_heads(p); }
   void add(const AddParams& p) override { cpu::add(p); }
   void swiglu(const SwigluParams& p) override { cpu::swiglu(p); }
   void rope(const RopeParams& p) override { cpu::rope(p); }

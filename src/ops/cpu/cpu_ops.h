@@ -13,6 +13,7 @@ void fill_random(const Tensor& t, uint64_t seed, float scale);
 void embedding(const EmbeddingParams& p);
 void rms_norm(const RmsNormParams& p);
 void linear(const LinearParams& p);
+void linear_heads(const LinearHeadsParams& p);
 void add(const AddParams& p);
 void swiglu(const SwigluParams& p);
 void rope(const RopeParams& p);

@@ -107,6 +107,7 @@ class CudaBackend final : public Backend {
   void embedding(const EmbeddingParams& p) override { cuda::embedding(p, stream_); }
   void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
   void linear(const LinearParams& p) override { gemm_.linear(p, stream_); }
+  void linear_heads(const LinearHeadsParams& p) override { gemm_.linear_heads(p, stream_); }
   void add(const AddParams& p) override { cuda::add(p, stream_); }
   void swiglu(const SwigluParams& p) override { cuda::swiglu(p, stream_); }
   void rope(const RopeParams& p) override { cuda::rope(p, stream_); }

@@ -29,6 +29,7 @@ class Gemm {
   Gemm();
   ~Gemm();
   void linear(const LinearParams& p, cudaStream_t s);
+  void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
   std::string name() const { return "cuBLASLt bf16 (f32 accumulate)"; }
 
  private:

@@ -40,6 +40,63 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, float* y
   y[r * y_stride + c] = t[i] + t[m * n + i];
 }
 
+// Small-m GEMV over bf16 weights with f32 activations: one warp per output row reads the weight
+// row once for all m <= kGemvMaxRows activation rows; blockIdx.y picks the head.
+constexpr int kGemvMaxRows = 8;
+constexpr int kGemvWarps = 8;
+
+__global__ void gemv_kernel(LinearHeadsParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5), h = blockIdx.y;
+  if (r >= p.n) return;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k;
+  const float* x = p.x + h * p.x_head_stride;
+  float acc[kGemvMaxRows];
+#pragma unroll
+  for (int t = 0; t < kGemvMaxRows; ++t) acc[t] = 0.0f;
+  if (p.k % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0) {
+    const uint4* w4 = reinterpret_cast<const uint4*>(w);
+    for (int64_t i = lane; i < p.k / 8; i += 32) {
+      const uint4 v = __ldg(w4 + i);
+      const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&v);
+      float wf[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(hv[j]);
+        wf[2 * j] = f.x;
+        wf[2 * j + 1] = f.y;
+      }
+#pragma unroll
+      for (int t = 0; t < kGemvMaxRows; ++t) {
+        if (t < p.m) {
+          const float* xt = x + t * p.x_stride + i * 8;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[t] += wf[j] * xt[j];
+        }
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < p.k; i += 32) {
+      const float wv = __bfloat162float(w[i]);
+#pragma unroll
+      for (int t = 0; t < kGemvMaxRows; ++t)
+        if (t < p.m) acc[t] += wv * x[t * p.x_stride + i];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kGemvMaxRows; ++t) {
+    if (t < p.m) {
+      const float v = warp_sum(acc[t]);
+      if (lane == 0) p.y[t * p.y_stride + h * p.y_head_stride + r] = v;
+    }
+  }
+}
+
+void launch_gemv(const LinearHeadsParams& p, cudaStream_t s) {
+  dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads));
+  gemv_kernel<<<grid, kGemvWarps * 32, 0, s>>>(p);
+}
+
 }  // namespace
 
 struct Gemm::Impl {
@@ -80,8 +137,28 @@ Gemm::~Gemm() {
   delete impl_;
 }
 
+void Gemm::linear_heads(const LinearHeadsParams& p, cudaStream_t s) {
+  if (p.m == 0 || p.n == 0 || p.heads == 0) return;
+  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {
+    launch_gemv(p, s);
+    return;
+  }
+  const size_t esz = dtype_size(p.w_dtype);
+  for (int64_t h = 0; h < p.heads; ++h)
+    linear({p.x + h * p.x_head_stride, p.x_stride,
+            static_cast<const char*>(p.w) + static_cast<size_t>(h * p.w_head_stride) * esz, p.w_dtype,
+            p.y + h * p.y_head_stride, p.y_stride, p.m, p.n, p.k},
+           s);
+}
+
 void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   if (p.m == 0 || p.n == 0) return;
+  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, exact f32 x
+    launch_gemv({p.x, p.x_stride ? p.x_stride : p.k, 0, p.w, 0, p.w_dtype, p.y, p.y_stride ? p.y_stride : p.n, 0, 1,
+                 p.m, p.n, p.k},
+                s);
+    return;
+  }
   int64_t ys = p.y_stride ? p.y_stride : p.n;
   int64_t rows = p.m;  // GEMM rows: 2m when x is split
   float* y = p.y;

@@ -128,16 +128,14 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t slot = static_cast<int64_t>(split) * gridDim.y + qi;  // [splits, total_q]
   if (owns) {
+    // Fully unrolled with a guard (not a break) so acc stays in registers.
+#pragma unroll
     for (int h = 0; h < kHeads; ++h) {
-      if (h0 + h >= p.num_heads) break;
-      float* o = part_out + (slot * p.num_heads + h0 + h) * sh.kv_lora + c0;
-      if (splits == 1) {  // no merge needed: normalise here, straight into the output
-        const float inv = l_s[h] > 0 ? 1.0f / l_s[h] : 0.0f;
+      if (h0 + h < p.num_heads) {
+        float* o = part_out + (slot * p.num_heads + h0 + h) * sh.kv_lora + c0;
+        const float inv = splits == 1 ? (l_s[h] > 0 ? 1.0f / l_s[h] : 0.0f) : 1.0f;  // one split: normalise here
         o[0] = acc[h][0] * inv;
         o[1] = acc[h][1] * inv;
-      } else {
-        o[0] = acc[h][0];
-        o[1] = acc[h][1];
       }
     }
   }
