@@ -13,6 +13,7 @@ PKGS=(
   libpcre2-dev libutf8proc-dev                         # tokenizer regex + unicode normalisation
   libopenblas-dev libomp-dev                           # CPU reference speed
   libcpp-httplib-dev libssl-dev zlib1g-dev             # HTTP server and client
+  libcurl4-openssl-dev                                 # kiln bench serve: HTTP client (multi-socket API)
   python3
 )
 missing=()
