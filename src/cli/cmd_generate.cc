@@ -1,5 +1,5 @@
-// `kiln generate --model DIR --prompt-ids 1,2,3 [--max-tokens N] [--temperature T] ...`:
-// prompt, then token-by-token decode.
+// `kiln generate --model DIR --prompt-ids 1,2,3 [--max-tokens N] [--temperature T] ...`: one
+// request through the engine (the same loop the server runs), printed when it finishes.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -8,55 +8,61 @@
 #include "cli/command.h"
 #include "cli/common.h"
 #include "core/error.h"
-#include "engine/sampler.h"
+#include "engine/engine.h"
+#include "kv/block_allocator.h"
+#include "kv/kv_sizing.h"
 
 namespace kiln::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, device = "cpu", prompt, prompt_ids;
-  int64_t max_tokens = 32;
+  std::string model, device = "cpu", prompt, prompt_ids, stop_token_ids, kv_cache_memory;
+  int64_t max_tokens = 32, block_size = 64;
+  uint64_t seed = 0;
   SamplingParams sampling;
-  bool ignore_eos = false, json = false;
+  bool json = false;
 };
 
-int run_generate(const GenerateArgs& a) {
+int run_generate(GenerateArgs a) {
   KILN_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "generate needs exactly one of --prompt or --prompt-ids");
   KILN_CHECK(a.prompt.empty(), "--prompt: text prompts need the tokenizer, which this build lacks; use --prompt-ids");
   KILN_CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0, got {}", a.max_tokens);
-  KILN_CHECK(a.sampling.temperature >= 0, "--temperature must be >= 0");
-  KILN_CHECK(a.sampling.top_p > 0 && a.sampling.top_p <= 1, "--top-p must be in (0, 1]");
-  KILN_CHECK(a.sampling.top_k >= 0, "--top-k must be >= 0");
-  std::vector<int32_t> prompt = parse_ids(a.prompt_ids, "--prompt-ids");
+  KILN_CHECK(a.block_size > 0, "--block-size must be > 0, got {}", a.block_size);
+  Request req;
+  req.prompt = parse_ids(a.prompt_ids, "--prompt-ids");
+  req.sampling = a.sampling;
+  req.sampling.max_tokens = a.max_tokens;
+  req.sampling.seed = a.seed;
+  req.sampling.logprobs = true;
+  if (!a.stop_token_ids.empty()) req.sampling.stop_token_ids = parse_ids(a.stop_token_ids, "--stop-token-ids");
+  req.sampling.validate(INT32_MAX);  // flag errors before the model loads; the vocabulary is checked later
   LoadedModel m = load_model(a.model, a.device);
-  const ModelConfig& c = m.model->config();
-  const int64_t V = c.vocab_size;
-  const int64_t capacity = static_cast<int64_t>(prompt.size()) + a.max_tokens;
-  KILN_CHECK(capacity <= c.max_position_embeddings, "prompt ({}) + max tokens ({}) exceed the model's {} positions",
-             prompt.size(), a.max_tokens, c.max_position_embeddings);
-  SequenceCache cache = m.model->new_cache(capacity);
-  Sampler sampler(a.sampling);
-  std::vector<int32_t> out;
-  std::vector<float> lps;
-  std::string finish = "length";
-  std::vector<float> logits = m.model->forward(prompt, cache, false);
-  for (int64_t step = 0; step < a.max_tokens; ++step) {
-    const int32_t tok = sampler.sample(logits.data(), V);
-    out.push_back(tok);
-    lps.push_back(log_softmax_row(logits.data(), V)[static_cast<size_t>(tok)]);
-    const bool eos = std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), tok) != c.eos_token_ids.end();
-    if (eos && !a.ignore_eos) {
-      finish = "stop";
-      break;
-    }
-    if (step + 1 < a.max_tokens) logits = m.model->forward({tok}, cache, false);
-  }
+
+  EngineConfig cfg;
+  cfg.block_size = a.block_size;
+  cfg.scheduler.max_num_seqs = 1;
+  if (!a.kv_cache_memory.empty())
+    cfg.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
+  else  // one request: the blocks it can use (submit() refuses one past the model's positions)
+    cfg.kv.num_blocks = kv::blocks_for(
+        std::min(static_cast<int64_t>(req.prompt.size()) + a.max_tokens, m.model->config().max_position_embeddings),
+        a.block_size);
+  Engine engine(*m.model, cfg);
+  const std::vector<int32_t> prompt = req.prompt;
+  RequestStream stream = engine.submit(std::move(req));
+  OutputChunk all;
+  while (auto chunk = stream.next()) all.merge(std::move(*chunk));
+  KILN_CHECK(all.error.empty(), "generation failed: {}", all.error);
+
   if (a.json) {
-    nlohmann::json j = {
-        {"prompt_ids", prompt}, {"output_ids", out}, {"logprobs", lps}, {"text", ""}, {"finish_reason", finish}};
+    nlohmann::json j = {{"prompt_ids", prompt},
+                        {"output_ids", all.token_ids},
+                        {"logprobs", all.logprobs},
+                        {"text", all.text},
+                        {"finish_reason", finish_reason_name(*all.finish)}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    for (size_t i = 0; i < all.token_ids.size(); ++i) std::printf("%s%d", i ? "," : "", all.token_ids[i]);
     std::printf("\n");
   }
   return 0;
@@ -64,16 +70,24 @@ int run_generate(const GenerateArgs& a) {
 
 KILN_COMMAND("generate", "Generate a continuation of a prompt", [](CLI::App& sub) {
   auto a = std::make_shared<GenerateArgs>();
+  SamplingParams& s = a->sampling;
   sub.add_option("--model", a->model, "checkpoint directory")->required();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   sub.add_option("--prompt", a->prompt, "prompt text");
   sub.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids");
   sub.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
-  sub.add_option("--temperature", a->sampling.temperature, "0 for greedy")->capture_default_str();
-  sub.add_option("--top-k", a->sampling.top_k, "keep the k most likely tokens (0: off)");
-  sub.add_option("--top-p", a->sampling.top_p, "keep the smallest set with this mass (1: off)");
-  sub.add_option("--seed", a->sampling.seed, "sampling seed");
-  sub.add_flag("--ignore-eos", a->ignore_eos, "do not stop at the end-of-sequence token");
+  sub.add_option("--temperature", s.temperature, "0 for greedy")->capture_default_str();
+  sub.add_option("--top-k", s.top_k, "keep the k most likely tokens (0: off)");
+  sub.add_option("--top-p", s.top_p, "keep the smallest set with this mass (1: off)");
+  sub.add_option("--min-p", s.min_p, "drop tokens below this share of the top probability (0: off)");
+  sub.add_option("--repetition-penalty", s.repetition_penalty, "penalise tokens already seen (1: off)");
+  sub.add_option("--presence-penalty", s.presence_penalty, "OpenAI presence penalty");
+  sub.add_option("--frequency-penalty", s.frequency_penalty, "OpenAI frequency penalty");
+  sub.add_option("--stop-token-ids", a->stop_token_ids, "extra comma-separated ids that end generation");
+  sub.add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  sub.add_flag("--ignore-eos", s.ignore_eos, "do not stop at the end-of-sequence token");
+  sub.add_option("--kv-cache-memory", a->kv_cache_memory, "KV cache size, e.g. 2GiB (default: what the request needs)");
+  sub.add_option("--block-size", a->block_size, "tokens per KV block")->capture_default_str();
   sub.add_flag("--json", a->json, "print JSON");
   return [a] { return run_generate(*a); };
 });

@@ -1,0 +1,174 @@
+// `kiln bench model (--model DIR | --config FILE.json --random-weights) [--batch-sizes 1,8,32]
+// [--prompt-len N] [--decode-steps N] [--json FILE]`: offline throughput of the engine itself
+// (no HTTP): for each batch size, B random prompts go in together, prefill, then decode in
+// lockstep. Prefill tok/s counts the steps that held prompt tokens; decode tok/s the pure decode
+// steps (per stream: one token per step; aggregate: B per step).
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "kv/kv_sizing.h"
+#include "model/weights.h"
+
+namespace kiln::cli {
+namespace {
+
+struct BenchModelArgs {
+  std::string model, config, device = "cpu", batch_sizes = "1,8,32", json_out, kv_cache_memory;
+  bool random = false, warmup = true;
+  int64_t prompt_len = 128, decode_steps = 32, block_size = 64, max_batched_tokens = 8192, prefill_chunk = 0;
+  uint64_t seed = 0;
+};
+
+struct Row {
+  int64_t batch = 0;
+  double prefill_tps = 0, decode_tps_stream = 0, decode_tps = 0, step_ms = 0, wall_s = 0;
+  int64_t prefill_tokens = 0, decode_steps = 0;
+};
+
+Row run_batch(Engine& engine, int64_t B, const BenchModelArgs& a, int64_t vocab, std::mt19937_64& rng) {
+  const EngineStats before = engine.stats();
+  std::vector<RequestStream> streams;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t b = 0; b < B; ++b) {
+    Request r;
+    for (int64_t i = 0; i < a.prompt_len; ++i) r.prompt.push_back(tok(rng));
+    r.sampling.temperature = 0;
+    r.sampling.ignore_eos = true;
+    r.sampling.max_tokens = a.decode_steps;
+    streams.push_back(engine.submit(std::move(r)));
+  }
+  for (auto& s : streams) {
+    while (auto c = s.next()) KILN_CHECK(c->error.empty(), "request failed: {}", c->error);
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const EngineStats after = engine.stats();
+  Row r;
+  r.batch = B;
+  r.wall_s = wall;
+  r.prefill_tokens = after.prefill_tokens - before.prefill_tokens;
+  const double ps = after.prefill_seconds - before.prefill_seconds;
+  const double ds = after.decode_seconds - before.decode_seconds;
+  r.decode_steps = after.decode_steps - before.decode_steps;
+  const int64_t dt = after.decode_tokens - before.decode_tokens;
+  if (ps > 0) r.prefill_tps = static_cast<double>(r.prefill_tokens) / ps;
+  if (ds > 0 && r.decode_steps > 0) {
+    r.decode_tps_stream = static_cast<double>(r.decode_steps) / ds;
+    r.decode_tps = static_cast<double>(dt) / ds;
+    r.step_ms = 1e3 * ds / static_cast<double>(r.decode_steps);
+  }
+  return r;
+}
+
+int run_bench_model(const BenchModelArgs& a) {
+  KILN_CHECK(!a.model.empty() || !a.config.empty(), "bench model needs --model DIR or --config FILE --random-weights");
+  KILN_CHECK(a.config.empty() || a.random, "--config needs --random-weights (a config alone has no weights)");
+  KILN_CHECK(a.prompt_len > 0 && a.decode_steps > 0, "--prompt-len and --decode-steps must be > 0");
+  std::vector<int64_t> batches;
+  for (int32_t b : parse_ids(a.batch_sizes, "--batch-sizes")) {
+    KILN_CHECK(b > 0, "--batch-sizes: batch sizes must be > 0");
+    batches.push_back(b);
+  }
+  const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+
+  std::unique_ptr<ops::Backend> backend = make_backend(a.device);
+  std::unique_ptr<DeepseekV3Model> model;
+  std::string source;
+  if (a.random) {
+    source = a.config.empty() ? (std::filesystem::path(a.model) / "config.json").string() : a.config;
+    ModelConfig c = load_model_config(source);
+    spdlog::info("random weights for {} (seed {})", source, a.seed);
+    ModelWeights w = random_weights(c, *backend, a.seed);
+    model = std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), *backend);
+  } else {
+    source = a.model;
+    model = DeepseekV3Model::load(a.model, *backend);
+  }
+  const ModelConfig& c = model->config();
+
+  EngineConfig cfg;
+  cfg.block_size = a.block_size;
+  cfg.prefix_caching = false;  // random prompts share nothing; keep the cache out of the numbers
+  cfg.scheduler.max_num_seqs = max_batch;
+  cfg.scheduler.max_batched_tokens = a.max_batched_tokens;
+  cfg.scheduler.max_prefill_chunk = a.prefill_chunk;
+  if (!a.kv_cache_memory.empty())
+    cfg.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
+  else  // exactly what the largest batch needs: no preemption, no waste
+    cfg.kv.num_blocks = max_batch * kv::blocks_for(a.prompt_len + a.decode_steps, a.block_size);
+  Engine engine(*model, cfg);
+
+  std::mt19937_64 rng(a.seed);
+  if (a.warmup) run_batch(engine, 1, BenchModelArgs{a}, c.vocab_size, rng);
+  std::vector<Row> rows;
+  for (int64_t B : batches) {
+    spdlog::info("batch {}: {} prompts of {} tokens, {} decode steps", B, B, a.prompt_len, a.decode_steps);
+    rows.push_back(run_batch(engine, B, a, c.vocab_size, rng));
+  }
+  if (engine.stats().preemptions > 0)
+    spdlog::warn("{} preemptions: the KV cache was too small for the largest batch", engine.stats().preemptions);
+
+  std::printf("kiln bench model: %s on %s, prompt %lld tokens, %lld decode steps\n", source.c_str(),
+              backend->name().c_str(), static_cast<long long>(a.prompt_len), static_cast<long long>(a.decode_steps));
+  std::printf("%6s  %14s  %18s  %18s  %12s\n", "batch", "prefill tok/s", "decode tok/s/strm", "decode tok/s total",
+              "decode ms/step");
+  for (const Row& r : rows)
+    std::printf("%6lld  %14.1f  %18.2f  %18.1f  %12.2f\n", static_cast<long long>(r.batch), r.prefill_tps,
+                r.decode_tps_stream, r.decode_tps, r.step_ms);
+
+  if (!a.json_out.empty()) {
+    nlohmann::json j = {{"model", source},
+                        {"random_weights", a.random},
+                        {"device", backend->name()},
+                        {"prompt_len", a.prompt_len},
+                        {"decode_steps", a.decode_steps},
+                        {"block_size", a.block_size},
+                        {"max_batched_tokens", a.max_batched_tokens},
+                        {"results", nlohmann::json::array()}};
+    for (const Row& r : rows)
+      j["results"].push_back({{"batch_size", r.batch},
+                              {"prefill_tokens_per_s", r.prefill_tps},
+                              {"decode_tokens_per_s_per_stream", r.decode_tps_stream},
+                              {"decode_tokens_per_s", r.decode_tps},
+                              {"decode_ms_per_step", r.step_ms},
+                              {"prefill_tokens", r.prefill_tokens},
+                              {"decode_steps", r.decode_steps},
+                              {"wall_seconds", r.wall_s}});
+    std::ofstream f(a.json_out);
+    f << j.dump(2) << "\n";
+    KILN_CHECK(f.good(), "--json {}: cannot write the file", a.json_out);
+  }
+  return 0;
+}
+
+KILN_SUBCOMMAND("bench", "model", "Offline engine throughput of a model (prefill and decode tok/s)", [](CLI::App& sub) {
+  auto a = std::make_shared<BenchModelArgs>();
+  sub.add_option("--model", a->model, "checkpoint directory");
+  sub.add_option("--config", a->config, "config.json (with --random-weights)");
+  sub.add_flag("--random-weights", a->random, "random weights of the config's shapes instead of a checkpoint");
+  sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub.add_option("--batch-sizes", a->batch_sizes, "comma-separated batch sizes")->capture_default_str();
+  sub.add_option("--prompt-len", a->prompt_len, "prompt tokens per request")->capture_default_str();
+  sub.add_option("--decode-steps", a->decode_steps, "tokens generated per request")->capture_default_str();
+  sub.add_option("--max-batched-tokens", a->max_batched_tokens, "token budget per step")->capture_default_str();
+  sub.add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens of one request per step (0: the budget)");
+  sub.add_option("--block-size", a->block_size, "tokens per KV block")->capture_default_str();
+  sub.add_option("--kv-cache-memory", a->kv_cache_memory, "KV cache size (default: what the largest batch needs)");
+  sub.add_option("--seed", a->seed, "seed of the prompts and random weights")->capture_default_str();
+  sub.add_flag("!--no-warmup", a->warmup, "skip the warm-up request");
+  sub.add_option("--json", a->json_out, "also write the results as JSON to this file");
+  return [a] { return run_bench_model(*a); };
+});
+
+}  // namespace
+}  // namespace kiln::cli

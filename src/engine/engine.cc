@@ -1,0 +1,263 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace kiln {
+
+Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(std::move(cfg)) {
+  const ModelConfig& c = model.config();
+  const int64_t bs = cfg_.block_size;
+  KILN_CHECK(bs > 0, "KV block size must be > 0, got {}", bs);
+  KILN_CHECK(cfg_.max_model_len >= 0, "max model length must be >= 0 (0: the model's), got {}", cfg_.max_model_len);
+  // Bytes per token and the device come from a one-block pool: the pool's layout is the model's.
+  int64_t bytes_per_token = 0;
+  Device device = Device::CPU;
+  {
+    LatentKvPool probe = model.new_pool(1, bs);
+    for (const auto& layer : probe.layers) bytes_per_token += static_cast<int64_t>(layer.t.nbytes()) / bs;
+    if (!probe.layers.empty()) device = probe.layers[0].t.device;
+  }
+  int64_t limit = c.max_position_embeddings;
+  if (cfg_.max_model_len > 0) limit = std::min(limit, cfg_.max_model_len);
+  int64_t free_bytes = 0;
+  if (device == Device::CPU) {
+    free_bytes = kv::host_available_bytes();
+  } else {
+    KILN_CHECK(cfg_.kv.num_blocks > 0 || cfg_.kv.memory_bytes > 0,
+               "set --kv-cache-memory: this backend does not report its free memory yet");
+  }
+  plan_ = kv::plan_kv_cache(cfg_.kv, bs, bytes_per_token, free_bytes, cfg_.scheduler.max_num_seqs * limit);
+  max_model_len_ = std::min(limit, plan_.tokens());
+  pool_ = model.new_pool(plan_.num_blocks, bs);
+  spdlog::info("KV cache: {} tokens ({} blocks of {}, {:.1f} MiB at {} B/token; {}); longest sequence {} tokens",
+               plan_.tokens(), plan_.num_blocks, bs, static_cast<double>(plan_.bytes()) / (1 << 20), bytes_per_token,
+               plan_.source, max_model_len_);
+  alloc_ = std::make_unique<kv::BlockAllocator>(plan_.num_blocks);
+  if (cfg_.prefix_caching) cache_ = std::make_unique<kv::RadixCache>(*alloc_, bs);
+  scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *alloc_, cache_.get(), bs);
+  runner_ = std::make_unique<ModelRunner>(model, pool_, cfg_.mla_form);
+  for (int64_t id : c.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  seed_rng_.seed(std::random_device{}());
+  stats_.blocks_total = stats_.blocks_free = plan_.num_blocks;
+  stats_.block_size = bs;
+  stats_.kv_tokens = plan_.tokens();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+RequestStream Engine::submit(Request req) {
+  const int64_t V = model_.config().vocab_size, n = static_cast<int64_t>(req.prompt.size());
+  KILN_CHECK(n > 0, "the prompt is empty");
+  for (int32_t id : req.prompt)
+    KILN_CHECK(id >= 0 && id < V, "prompt token id {} is outside the vocabulary [0, {})", id, V);
+  SamplingParams& p = req.sampling;
+  p.validate(V);
+  KILN_CHECK(p.stop.empty() || req.detokenizer, "stop strings need a detokenizer (the engine matches them on text)");
+  KILN_CHECK(n < max_model_len_, "the prompt has {} tokens; the context limit is {}", n, max_model_len_);
+  const int64_t max_new = p.max_tokens < 0 ? max_model_len_ - n : p.max_tokens;
+  KILN_CHECK(n + max_new <= max_model_len_, "prompt ({} tokens) + max_tokens ({}) exceed the context limit of {}", n,
+             max_new, max_model_len_);
+  std::vector<int32_t> stop_ids = p.stop_token_ids;
+  if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
+
+  std::unique_lock lock(mu_);
+  KILN_CHECK(!stop_, "the engine is shutting down");
+  const uint64_t id = next_id_++;
+  if (!p.seed) p.seed = seed_rng_();
+  auto state = std::make_shared<StreamState>(id);
+  inbox_.push_back(std::make_unique<Sequence>(id, std::move(req), max_new, std::move(stop_ids), state));
+  ++stats_.requests_submitted;
+  busy_ = true;
+  lock.unlock();
+  wake_.notify_one();
+  return RequestStream(std::move(state));
+}
+
+void Engine::cancel(uint64_t request_id) {
+  {
+    std::lock_guard lock(mu_);
+    cancels_.push_back(request_id);
+  }
+  wake_.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Engine::wait_idle() {
+  std::unique_lock lock(mu_);
+  idle_.wait(lock, [&] { return !busy_; });
+}
+
+void Engine::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || scheduler_->has_work(); });
+      if (stop_) break;
+    }
+    intake();
+    SchedulerOutput out;
+    double seconds = 0;
+    if (scheduler_->has_work()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        out = scheduler_->schedule();
+        step_run(out);
+      } catch (const std::exception& e) {
+        // A failed step aborts the requests in it (all of them when it failed before choosing),
+        // never the engine.
+        spdlog::error("engine step failed: {}", e.what());
+        std::vector<Sequence*> victims;
+        for (const ScheduledSeq& it : out.seqs) victims.push_back(it.seq);
+        if (victims.empty())
+          for (auto& [id, seq] : seqs_) victims.push_back(seq.get());
+        for (Sequence* v : victims) finish(v, FinishReason::Abort, e.what());
+        out = {};
+      }
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    // Stats first, so a client that sees its final chunk also sees the blocks it freed.
+    publish_stats(seconds, out);
+    flush();
+    std::lock_guard lock(mu_);
+    busy_ = scheduler_->has_work() || !inbox_.empty();
+    if (!busy_) idle_.notify_all();
+  }
+  // Shutting down: whatever is left ends as aborted.
+  intake();
+  std::vector<Sequence*> left;
+  for (auto& [id, seq] : seqs_) left.push_back(seq.get());
+  for (Sequence* s : left) finish(s, FinishReason::Abort, "the engine shut down");
+  flush();
+}
+
+void Engine::intake() {
+  std::vector<std::unique_ptr<Sequence>> in;
+  std::vector<uint64_t> cancels;
+  {
+    std::lock_guard lock(mu_);
+    in.swap(inbox_);
+    cancels.swap(cancels_);
+  }
+  for (auto& seq : in) {
+    Sequence* s = seq.get();
+    seqs_.emplace(s->id, std::move(seq));
+    if (s->max_tokens == 0)
+      finish(s, FinishReason::Length);
+    else
+      scheduler_->add(s);
+  }
+  std::vector<Sequence*> aborted;
+  for (auto& [id, seq] : seqs_)
+    if (!seq->finished() &&
+        (seq->stream->cancel_requested || std::find(cancels.begin(), cancels.end(), id) != cancels.end()))
+      aborted.push_back(seq.get());
+  for (Sequence* s : aborted) finish(s, FinishReason::Abort);
+}
+
+void Engine::step_run(const SchedulerOutput& out) {
+  if (out.empty()) {
+    // Nothing ran although work is queued: only possible if the oldest waiting request cannot
+    // fit the otherwise idle pool, which submit() rules out. Fail it rather than spin.
+    if (scheduler_->num_running() == 0 && scheduler_->num_waiting() > 0)
+      finish(scheduler_->waiting_front(), FinishReason::Abort, "internal: the request does not fit the KV pool");
+    return;
+  }
+  const std::vector<SampleResult> results = runner_->run(out);
+  scheduler_->computed(out);
+  size_t r = 0;
+  for (const ScheduledSeq& it : out.seqs) {
+    if (!it.sample) continue;
+    Sequence* s = it.seq;
+    s->append(results[r++], max_model_len_);
+    touched_.push_back(s);
+    if (s->finished()) retire(s);
+  }
+  if (cfg_.check_invariants) check_invariants();
+}
+
+void Engine::check_invariants() const {
+  alloc_->check_integrity();
+  // Every reference is accounted for: one per block-table entry and one per cache node.
+  std::vector<int32_t> refs(static_cast<size_t>(alloc_->num_blocks()), 0);
+  for (const auto& [id, seq] : seqs_) {
+    KILN_CHECK(seq->status == Sequence::Status::Running || seq->block_table.empty(),
+               "engine: request {} holds KV blocks while not running", id);
+    for (int32_t b : seq->block_table) ++refs[static_cast<size_t>(b)];
+  }
+  if (cache_) {
+    cache_->check_integrity();
+    for (int32_t b : cache_->cached_blocks()) ++refs[static_cast<size_t>(b)];
+  }
+  for (size_t b = 0; b < refs.size(); ++b)
+    KILN_CHECK(alloc_->refcount(static_cast<int32_t>(b)) == refs[b], "engine: block {} has {} references, {} holders",
+               b, alloc_->refcount(static_cast<int32_t>(b)), refs[b]);
+}
+
+void Engine::finish(Sequence* seq, FinishReason reason, std::string error) {
+  if (seq->status == Sequence::Status::Finished) return;
+  seq->finish(reason, std::move(error));
+  touched_.push_back(seq);
+  retire(seq);
+}
+
+void Engine::retire(Sequence* seq) {
+  scheduler_->remove(seq);
+  ++(*seq->finish_reason == FinishReason::Abort ? aborted_ : finished_);
+}
+
+void Engine::publish_stats(double seconds, const SchedulerOutput& out) {
+  std::lock_guard lock(mu_);
+  EngineStats& s = stats_;
+  s.running = scheduler_->num_running();
+  s.waiting = scheduler_->num_waiting();
+  s.blocks_free = alloc_->num_free();
+  s.blocks_cached = cache_ ? cache_->num_nodes() : 0;
+  s.blocks_cached_evictable = cache_ ? cache_->num_evictable() : 0;
+  s.prefix_hit_tokens = scheduler_->prefix_hit_tokens();
+  s.prefix_query_tokens = scheduler_->prefix_query_tokens();
+  s.preemptions = scheduler_->num_preemptions();
+  s.requests_finished = finished_;
+  s.requests_aborted = aborted_;
+  if (!out.empty()) {
+    ++s.steps;
+    for (const ScheduledSeq& it : out.seqs) s.generated_tokens += it.sample;
+    if (out.prefill_tokens > 0) {
+      ++s.prefill_steps;
+      s.prefill_tokens += out.prefill_tokens;
+      s.prefill_seconds += seconds;
+    } else {
+      ++s.decode_steps;
+      s.decode_tokens += out.decode_tokens;
+      s.decode_seconds += seconds;
+    }
+  }
+}
+
+void Engine::flush() {
+  std::sort(touched_.begin(), touched_.end());
+  touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
+  for (Sequence* s : touched_) {
+    const bool done = s->finished();
+    s->stream->push(std::exchange(s->pending, {}));
+    if (done) seqs_.erase(s->id);
+  }
+  touched_.clear();
+}
+
+}  // namespace kiln

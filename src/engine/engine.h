@@ -1,0 +1,111 @@
+// The engine loop every front end uses (DESIGN.md §1): `kiln serve`, `kiln generate` and the
+// benchmarks submit requests; one loop thread owns the scheduler, the KV pool and the prefix
+// cache, and runs schedule -> forward + sample -> commit until no work is left. Other threads
+// talk to it only through submit(), the per-request streams and stats().
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "engine/stream.h"
+#include "kv/block_allocator.h"
+#include "kv/kv_sizing.h"
+#include "kv/radix_cache.h"
+#include "model/deepseek_v3.h"
+
+namespace kiln {
+
+struct EngineConfig {
+  int64_t block_size = 64;  // tokens per KV block
+  kv::KvCacheSizing kv;     // how many blocks
+  SchedulerConfig scheduler;
+  bool prefix_caching = true;
+  int64_t max_model_len = 0;  // longest sequence (0: the model's max_position_embeddings)
+  MlaForm mla_form = MlaForm::Auto;
+  bool check_invariants = false;  // check the allocator and prefix cache after every step (tests)
+};
+
+// A consistent snapshot, taken by the loop after each step.
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t blocks_total = 0, blocks_free = 0;
+  int64_t blocks_cached = 0, blocks_cached_evictable = 0;  // held by the prefix cache
+  int64_t block_size = 0, kv_tokens = 0;
+  int64_t prefix_hit_tokens = 0, prefix_query_tokens = 0;  // over admissions (preempted ones again)
+  int64_t preemptions = 0;
+  int64_t requests_submitted = 0, requests_finished = 0, requests_aborted = 0;
+  int64_t steps = 0, generated_tokens = 0;
+  // Steps with any prefill (or recompute) tokens vs pure decode steps, and their wall time.
+  int64_t prefill_steps = 0, prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+class Engine {
+ public:
+  // Sizes and allocates the KV pool (logged in tokens) and starts the loop thread.
+  Engine(DeepseekV3Model& model, EngineConfig cfg = {});
+  ~Engine();  // aborts what is still running and joins the loop
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates the request (throws kiln::Error naming the bad field) and queues it.
+  RequestStream submit(Request req);
+  void cancel(uint64_t request_id);
+  EngineStats stats() const;
+  // Blocks until no request is waiting or running.
+  void wait_idle();
+
+  const kv::KvCachePlan& kv_plan() const { return plan_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  const EngineConfig& config() const { return cfg_; }
+
+ private:
+  void loop();
+  void intake();                              // moves submitted requests and cancels into the scheduler (loop thread)
+  void step_run(const SchedulerOutput& out);  // forward + sample + commit of one schedule
+  void finish(Sequence* seq, FinishReason reason, std::string error = {});
+  void retire(Sequence* seq);  // a finished sequence leaves the scheduler and frees its KV
+  void flush();                // pending outputs to their streams; drops finished sequences
+  void publish_stats(double step_seconds, const SchedulerOutput& out);
+  void check_invariants() const;  // allocator, cache, and every block reference accounted for
+
+  DeepseekV3Model& model_;
+  EngineConfig cfg_;
+  kv::KvCachePlan plan_;
+  int64_t max_model_len_ = 0;
+  std::vector<int32_t> eos_ids_;
+
+  // Loop-thread state.
+  LatentKvPool pool_;
+  std::unique_ptr<kv::BlockAllocator> alloc_;
+  std::unique_ptr<kv::RadixCache> cache_;  // null without prefix caching
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  std::vector<Sequence*> touched_;  // sequences with output to flush this iteration
+  int64_t finished_ = 0, aborted_ = 0;
+
+  // Shared with submitters, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::vector<std::unique_ptr<Sequence>> inbox_;
+  std::vector<uint64_t> cancels_;
+  bool stop_ = false, busy_ = false;
+  uint64_t next_id_ = 1;
+  std::mt19937_64 seed_rng_;  // seeds for requests that give none
+  EngineStats stats_;
+
+  std::thread thread_;
+};
+
+}  // namespace kiln
