@@ -13,23 +13,15 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
   const int64_t bs = cfg_.block_size;
   KILN_CHECK(bs > 0, "KV block size must be > 0, got {}", bs);
   KILN_CHECK(cfg_.max_model_len >= 0, "max model length must be >= 0 (0: the model's), got {}", cfg_.max_model_len);
-  // Bytes per token and the device come from a one-block pool: the pool's layout is the model's.
+  // Bytes per token come from a one-block pool: the pool's layout is the model's.
   int64_t bytes_per_token = 0;
-  Device device = Device::CPU;
   {
     LatentKvPool probe = model.new_pool(1, bs);
     for (const auto& layer : probe.layers) bytes_per_token += static_cast<int64_t>(layer.t.nbytes()) / bs;
-    if (!probe.layers.empty()) device = probe.layers[0].t.device;
   }
   int64_t limit = c.max_position_embeddings;
   if (cfg_.max_model_len > 0) limit = std::min(limit, cfg_.max_model_len);
-  int64_t free_bytes = 0;
-  if (device == Device::CPU) {
-    free_bytes = kv::host_available_bytes();
-  } else {
-    KILN_CHECK(cfg_.kv.num_blocks > 0 || cfg_.kv.memory_bytes > 0,
-               "set --kv-cache-memory: this backend does not report its free memory yet");
-  }
+  const int64_t free_bytes = model.backend().free_memory_bytes();
   plan_ = kv::plan_kv_cache(cfg_.kv, bs, bytes_per_token, free_bytes, cfg_.scheduler.max_num_seqs * limit);
   max_model_len_ = std::min(limit, plan_.tokens());
   pool_ = model.new_pool(plan_.num_blocks, bs);

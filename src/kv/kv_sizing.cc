@@ -46,19 +46,6 @@ KvCachePlan plan_kv_cache(const KvCacheSizing& s, int64_t block_size, int64_t by
   return p;
 }
 
-int64_t host_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream ss(line.substr(13));
-    int64_t kib = 0;
-    ss >> kib;
-    return kib * 1024;
-  }
-  return 0;
-}
-
 int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;

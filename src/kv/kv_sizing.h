@@ -27,9 +27,6 @@ struct KvCachePlan {
 KvCachePlan plan_kv_cache(const KvCacheSizing& s, int64_t block_size, int64_t bytes_per_token, int64_t free_bytes,
                           int64_t max_tokens);
 
-// MemAvailable of /proc/meminfo, in bytes (0 when unreadable).
-int64_t host_available_bytes();
-
 // "8GiB", "512MiB", "4G", "1.5GB", "1000000" -> bytes. Binary and decimal units are both accepted
 // (K/M/G/T and Ki/Mi/Gi/Ti, with an optional trailing B). Throws naming `flag` on bad input.
 int64_t parse_memory_size(const std::string& text, const std::string& flag);

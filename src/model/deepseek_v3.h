@@ -32,6 +32,7 @@ class DeepseekV3Model {
   static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend);
 
   const ModelConfig& config() const { return c_; }
+  ops::Backend& backend() const { return be_; }
   // A pool of `num_blocks` blocks of `block_size` tokens on this model's backend.
   LatentKvPool new_pool(int64_t num_blocks, int64_t block_size) const;
   SequenceCache new_cache(int64_t capacity, int64_t block_size = 64) const;

@@ -35,6 +35,8 @@ class Backend {
   // Fills a tensor with uniform(-scale, scale) values from a counter-based hash of `seed`
   // (random-weight benchmarks; no host round trip).
   virtual void fill_random(const Tensor& t, uint64_t seed, float scale) = 0;
+  // Memory this backend could still allocate, in bytes (sizes the KV pool after the weights).
+  virtual int64_t free_memory_bytes() const = 0;
   // Waits for all queued work (timing).
   virtual void synchronize() {}
   // Which implementation serves each op (the startup "kernel plan", DESIGN.md §5).

@@ -1,4 +1,5 @@
 #include "kv/kv_sizing.h"
+#include "core/sysinfo.h"
 
 #include <gtest/gtest.h>
 
@@ -44,7 +45,7 @@ TEST(KvSizing, ParsesMemorySizes) {
 }
 
 TEST(KvSizing, ReadsAvailableHostMemory) {
-  EXPECT_GT(host_available_bytes(), 0);
+  EXPECT_GT(kiln::host_available_bytes(), 0);
 }
 
 }  // namespace

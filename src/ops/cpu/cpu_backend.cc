@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/sysinfo.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
 
@@ -30,6 +31,7 @@ class CpuBackend final : public Backend {
   void download(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.nbytes()); }
 
   DType weight_dtype() const override { return DType::F32; }
+  int64_t free_memory_bytes() const override { return host_available_bytes(); }
   void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
     return {{"all ops", "CPU reference (f32; OpenBLAS GEMM, OpenMP loops)"}};

@@ -68,6 +68,11 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::CUDA; }
   std::string name() const override { return name_; }
   DType weight_dtype() const override { return DType::BF16; }
+  int64_t free_memory_bytes() const override {
+    size_t free = 0, total = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return static_cast<int64_t>(free);
+  }
 
   OwnedTensor alloc(DType dtype, Shape shape) override {
     const size_t n = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
