@@ -100,7 +100,7 @@ class CudaBackend final : public Backend {
   }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
     return {
-        {"linear", gemm_.name()},
+        {"linear", "<=8 rows: kiln bf16 GEMV (f32 activations); more: " + gemm_.name()},
         {"mla prefill", "kiln flash MLA, expanded form, 16-query x 32-key tiles, one CTA per head (any head count)"},
         {"mla decode", "kiln paged MLA, absorbed form, 16-head tiles (tail masked), split-KV + LSE combine"},
         {"router", "kiln fused sigmoid + bias + grouped top-k (one thread per token)"},

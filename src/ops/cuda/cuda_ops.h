@@ -30,7 +30,7 @@ class Gemm {
   ~Gemm();
   void linear(const LinearParams& p, cudaStream_t s);
   void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
-  std::string name() const { return "cuBLASLt bf16 (f32 accumulate)"; }
+  std::string name() const { return "cuBLASLt bf16 with hi/lo-split f32 activations (f32 accumulate)"; }
 
  private:
   struct Impl;
