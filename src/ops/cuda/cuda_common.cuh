@@ -36,6 +36,24 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// One online-softmax step for a row of n scores (-inf = masked): exponentiates the scores in place
+// against the new running max, updates the running max m and sum l, and returns the factor the
+// row's accumulator must be scaled by (0 while nothing was accumulated yet).
+__device__ __forceinline__ float online_softmax_step(float* scores, int n, float& m, float& l) {
+  float mx = m;
+  for (int i = 0; i < n; ++i) mx = fmaxf(mx, scores[i]);
+  const float scale = m == -INFINITY ? 0.0f : __expf(m - mx);
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float e = scores[i] == -INFINITY ? 0.0f : __expf(scores[i] - mx);
+    scores[i] = e;
+    sum += e;
+  }
+  l = l * scale + sum;
+  m = mx;
+  return scale;
+}
+
 // Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* smem32) {
   v = warp_sum(v);

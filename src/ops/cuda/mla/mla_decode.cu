@@ -92,19 +92,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     if (tid < kHeads) {  // online softmax per head
-      float* ph = p_s + tid * kRows;
-      float mx = m_s[tid];
-      for (int r = 0; r < kRows; ++r) mx = fmaxf(mx, ph[r]);
-      const float sc = m_s[tid] == -INFINITY ? 0.0f : __expf(m_s[tid] - mx);
-      float sum = 0.0f;
-      for (int r = 0; r < kRows; ++r) {
-        const float e = ph[r] == -INFINITY ? 0.0f : __expf(ph[r] - mx);
-        ph[r] = e;
-        sum += e;
-      }
-      l_s[tid] = l_s[tid] * sc + sum;
-      m_s[tid] = mx;
-      scale_s[tid] = sc;
+      scale_s[tid] = online_softmax_step(p_s + tid * kRows, kRows, m_s[tid], l_s[tid]);
     }
     __syncthreads();
     if (owns) {

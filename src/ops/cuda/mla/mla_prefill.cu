@@ -98,19 +98,7 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_kernel(MlaExpandedParams
     }
     __syncthreads();
     if (tid < kQ) {
-      float* pr = p_s + tid * kK;
-      float mx = m_s[tid];
-      for (int c = 0; c < kK; ++c) mx = fmaxf(mx, pr[c]);
-      const float sc = m_s[tid] == -INFINITY ? 0.0f : __expf(m_s[tid] - mx);  // nothing accumulated yet
-      float sum = 0.0f;
-      for (int c = 0; c < kK; ++c) {
-        const float e = pr[c] == -INFINITY ? 0.0f : __expf(pr[c] - mx);
-        pr[c] = e;
-        sum += e;
-      }
-      l_s[tid] = l_s[tid] * sc + sum;
-      m_s[tid] = mx;
-      sc_s[tid] = sc;
+      sc_s[tid] = online_softmax_step(p_s + tid * kK, kK, m_s[tid], l_s[tid]);
     }
     __syncthreads();
     const float sc = sc_s[orow];
