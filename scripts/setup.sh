@@ -14,6 +14,7 @@ PKGS=(
   libopenblas-dev libomp-dev                           # CPU reference speed
   libcpp-httplib-dev libssl-dev zlib1g-dev             # HTTP server and client
   libcurl4-openssl-dev                                 # kiln bench serve: HTTP client (multi-socket API)
+  curl                                                 # scripts/serve-demo.sh (the README demo)
   python3
 )
 missing=()

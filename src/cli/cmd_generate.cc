@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <optional>
 
 #include "cli/command.h"
 #include "cli/common.h"
@@ -11,6 +13,7 @@
 #include "engine/engine.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_sizing.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln::cli {
 namespace {
@@ -25,11 +28,23 @@ struct GenerateArgs {
 
 int run_generate(GenerateArgs a) {
   KILN_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "generate needs exactly one of --prompt or --prompt-ids");
-  KILN_CHECK(a.prompt.empty(), "--prompt: text prompts need the tokenizer, which this build lacks; use --prompt-ids");
   KILN_CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0, got {}", a.max_tokens);
   KILN_CHECK(a.block_size > 0, "--block-size must be > 0, got {}", a.block_size);
+  // The checkpoint's tokenizer, when it ships one: text prompts in, text out.
+  std::optional<tok::Tokenizer> tokenizer;
+  if (std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json") ||
+      std::filesystem::exists(std::filesystem::path(a.model) / "tiktoken.model"))
+    tokenizer = tok::Tokenizer::load(a.model);
+  KILN_CHECK(a.prompt.empty() || tokenizer, "--prompt: {} has no tokenizer.json or tiktoken.model; use --prompt-ids",
+             a.model);
   Request req;
-  req.prompt = parse_ids(a.prompt_ids, "--prompt-ids");
+  if (a.prompt.empty()) {
+    req.prompt = parse_ids(a.prompt_ids, "--prompt-ids");
+  } else {
+    for (uint32_t id : tokenizer->encode(a.prompt, /*add_special_tokens=*/true))
+      req.prompt.push_back(static_cast<int32_t>(id));
+    KILN_CHECK(!req.prompt.empty(), "--prompt: the text encodes to no tokens");
+  }
   req.sampling = a.sampling;
   req.sampling.max_tokens = a.max_tokens;
   req.sampling.seed = a.seed;
@@ -54,13 +69,20 @@ int run_generate(GenerateArgs a) {
   while (auto chunk = stream.next()) all.merge(std::move(*chunk));
   KILN_CHECK(all.error.empty(), "generation failed: {}", all.error);
 
+  std::string text = all.text;
+  if (tokenizer && text.empty() && !all.token_ids.empty()) {
+    std::vector<uint32_t> ids(all.token_ids.begin(), all.token_ids.end());
+    text = tokenizer->decode(ids, /*skip_special_tokens=*/true);
+  }
   if (a.json) {
     nlohmann::json j = {{"prompt_ids", prompt},
                         {"output_ids", all.token_ids},
                         {"logprobs", all.logprobs},
-                        {"text", all.text},
+                        {"text", text},
                         {"finish_reason", finish_reason_name(*all.finish)}};
     std::printf("%s\n", j.dump().c_str());
+  } else if (tokenizer) {
+    std::printf("%s%s\n", a.prompt.c_str(), text.c_str());
   } else {
     for (size_t i = 0; i < all.token_ids.size(); ++i) std::printf("%s%d", i ? "," : "", all.token_ids[i]);
     std::printf("\n");

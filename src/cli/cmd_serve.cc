@@ -1,0 +1,172 @@
+// `kiln serve --model DIR [--host 127.0.0.1] [--port 8000] [--device cpu|cuda] [--api-key KEY] ...`:
+// the OpenAI-compatible server (src/server/, docs/serving.md).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/engine.h"
+#include "kv/kv_sizing.h"
+#include "server/server.h"
+
+namespace kiln::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model, device = "cpu", served_name, kv_cache_memory, tool_parser = "auto", reasoning = "auto";
+  server::ServerConfig cfg;
+  int tp = 1;
+  int64_t max_num_seqs = 256, max_batched_tokens = 8192, max_model_len = 0, num_kv_blocks = 0, block_size = 64;
+  double kv_fraction = 0.9;
+  bool no_prefix_caching = false;
+};
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const int s = sig;
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &s, sizeof s);
+}
+
+// Each streaming connection is a socket: lift the soft descriptor limit to the hard one.
+void raise_fd_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+int run_serve(ServeArgs a) {
+  KILN_CHECK(a.tp == 1, "--tp {}: this build serves on one device (tensor parallelism is not wired yet)", a.tp);
+  KILN_CHECK(a.cfg.port >= 0 && a.cfg.port < 65536, "--port must be in [0, 65535], got {}", a.cfg.port);
+  if (a.cfg.api_key.empty())
+    if (const char* k = std::getenv("KILN_API_KEY")) a.cfg.api_key = k;
+  // SIGTERM / SIGINT: the handler only writes to a pipe (async-signal-safe) and a thread waiting
+  // on it drains the server. A handler rather than a blocked mask, because threads started before
+  // this point (OpenMP, BLAS) would otherwise take the signal's default action and kill us.
+  // SIGPIPE from a vanished client must not kill the process either.
+  KILN_CHECK(pipe(g_signal_pipe) == 0, "pipe() failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit();
+
+  tok::Tokenizer tokenizer = tok::Tokenizer::load(a.model);
+  std::optional<tok::ChatTemplate> tmpl;
+  try {
+    tmpl = tok::ChatTemplate::load(a.model);
+  } catch (const Error& e) {
+    spdlog::warn("no chat template ({}); /v1/chat/completions will answer 400", e.what());
+  }
+  auto has = [&](const char* t) { return tokenizer.token_to_id(t).has_value(); };
+  if (a.tool_parser == "auto")
+    a.cfg.tool_format = has("<|tool_calls_section_begin|>") ? server::ToolFormat::KimiK2
+                        : has("<\xEF\xBD\x9Ctool\xE2\x96\x81"
+                              "calls\xE2\x96\x81"
+                              "begin\xEF\xBD\x9C>")
+                            ? server::ToolFormat::DeepSeekV3
+                            : server::ToolFormat::None;
+  else if (auto f = server::parse_tool_format(a.tool_parser))
+    a.cfg.tool_format = *f;
+  else
+    throw Error(
+        fmt::format("--tool-call-parser: unknown format '{}' (auto, none, deepseek_v3, kimi_k2)", a.tool_parser));
+  KILN_CHECK(a.reasoning == "auto" || a.reasoning == "on" || a.reasoning == "off",
+             "--reasoning-parser must be auto, on or off, got '{}'", a.reasoning);
+  a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
+
+  LoadedModel m = load_model(a.model, a.device);
+  EngineConfig ec;
+  ec.block_size = a.block_size;
+  ec.scheduler.max_num_seqs = a.max_num_seqs;
+  ec.scheduler.max_batched_tokens = a.max_batched_tokens;
+  ec.max_model_len = a.max_model_len;
+  ec.prefix_caching = !a.no_prefix_caching;
+  if (a.num_kv_blocks > 0)
+    ec.kv.num_blocks = a.num_kv_blocks;
+  else if (!a.kv_cache_memory.empty())
+    ec.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
+  else if (a.device == "cpu")  // host memory is shared with everything else: a modest default
+    ec.kv.memory_bytes = int64_t{256} << 20;
+  else
+    ec.kv.memory_fraction = a.kv_fraction;
+  Engine engine(*m.model, ec);
+
+  if (a.served_name.empty()) a.served_name = std::filesystem::path(a.model).filename().string();
+  if (a.served_name.empty()) a.served_name = std::filesystem::path(a.model).parent_path().filename().string();
+  a.cfg.model_name = a.served_name;
+  a.cfg.model_aliases = {a.model};
+  server::Server srv(engine, tokenizer, std::move(tmpl), a.cfg);
+  srv.metrics().set_kernel_plan(m.backend->kernel_plan());
+  KILN_CHECK(srv.bind(), "cannot listen on {}:{} (in use, or not an address of this machine)", a.cfg.host, a.cfg.port);
+  std::thread signals([&] {
+    int sig = 0;
+    while (read(g_signal_pipe[0], &sig, sizeof sig) < 0 && errno == EINTR) {
+    }
+    if (sig == 0) return;  // run() ended by itself
+    spdlog::info("signal {}: draining (up to {}s), then exiting", sig, a.cfg.shutdown_timeout_s);
+    srv.shutdown();
+  });
+  spdlog::info("serving '{}' on http://{}:{} ({}, tool calls: {}, reasoning: {}, auth: {})", a.served_name, a.cfg.host,
+               srv.port(), a.device,
+               a.cfg.tool_format == server::ToolFormat::KimiK2       ? "kimi_k2"
+               : a.cfg.tool_format == server::ToolFormat::DeepSeekV3 ? "deepseek_v3"
+                                                                     : "none",
+               a.cfg.reasoning ? "on" : "off", a.cfg.api_key.empty() ? "off" : "on");
+  std::fflush(stdout);
+  srv.run();
+  // run() returns after shutdown() (signal thread) or on a listener failure: wake the signal
+  // thread in the second case so it can be joined.
+  const int zero = 0;
+  if (write(g_signal_pipe[1], &zero, sizeof zero) < 0) spdlog::warn("cannot wake the signal thread");
+  signals.join();
+  spdlog::info("stopped");
+  return 0;
+}
+
+KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](CLI::App& sub) {
+  auto a = std::make_shared<ServeArgs>();
+  server::ServerConfig& c = a->cfg;
+  sub.add_option("--model", a->model, "checkpoint directory")->required();
+  sub.add_option("--host", c.host, "address to bind (0.0.0.0 to expose)")->capture_default_str();
+  sub.add_option("--port", c.port, "port (0: any free port)")->capture_default_str();
+  sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub.add_option("--tp", a->tp, "tensor-parallel GPUs")->capture_default_str();
+  sub.add_option("--api-key", c.api_key, "require 'Authorization: Bearer KEY' (or set KILN_API_KEY)");
+  sub.add_option("--served-model-name", a->served_name, "model id clients use (default: the directory name)");
+  sub.add_option("--max-model-len", a->max_model_len, "longest sequence (default: the model's)");
+  sub.add_option("--max-num-seqs", a->max_num_seqs, "sequences run at once")->capture_default_str();
+  sub.add_option("--max-num-batched-tokens", a->max_batched_tokens, "tokens per engine step")->capture_default_str();
+  sub.add_option("--block-size", a->block_size, "tokens per KV block")->capture_default_str();
+  sub.add_option("--kv-cache-memory", a->kv_cache_memory, "KV cache size, e.g. 4GiB (CPU default: 256MiB)");
+  sub.add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache size in blocks (wins over --kv-cache-memory)");
+  sub.add_option("--gpu-memory-utilization", a->kv_fraction, "KV share of free GPU memory")->capture_default_str();
+  sub.add_flag("--no-prefix-caching", a->no_prefix_caching, "disable the radix prefix cache");
+  sub.add_option("--max-pending-requests", c.max_pending_requests, "requests in flight; more get 503")
+      ->capture_default_str();
+  sub.add_option("--http-threads", c.threads, "HTTP worker threads (one per open stream)")->capture_default_str();
+  sub.add_option("--max-body-bytes", c.max_body_bytes, "largest request body; larger get 413")->capture_default_str();
+  sub.add_option("--shutdown-timeout", c.shutdown_timeout_s, "seconds in-flight requests get after SIGTERM")
+      ->capture_default_str();
+  sub.add_option("--tool-call-parser", a->tool_parser, "auto, none, deepseek_v3 or kimi_k2")->capture_default_str();
+  sub.add_option("--reasoning-parser", a->reasoning, "split <think> text into reasoning_content: auto, on, off")
+      ->capture_default_str();
+  return [a] { return run_serve(*a); };
+});
+
+}  // namespace
+}  // namespace kiln::cli

@@ -1,0 +1,190 @@
+// Routing, auth, error bodies, lifecycle. The generation endpoints live in generate.cc.
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace kiln::server {
+namespace {
+
+using nlohmann::json;
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  send_json(res, e.status, error_body(e));
+}
+
+// Compares without an early exit, so the key cannot be guessed a byte at a time from timings.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
+  return diff == 0;
+}
+
+}  // namespace
+
+Server::Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<tok::ChatTemplate> chat_template,
+               ServerConfig cfg)
+    : engine_(engine),
+      tok_(tokenizer),
+      template_(std::move(chat_template)),
+      cfg_(std::move(cfg)),
+      http_(std::make_unique<httplib::Server>()) {
+  if (cfg_.limits.vocab_size <= 0) cfg_.limits.vocab_size = static_cast<int64_t>(tok_.vocab_size());
+  const int threads = std::max(cfg_.threads, 2);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http_->set_payload_max_length(cfg_.max_body_bytes);
+  // httplib uses this both for idle keep-alive connections and for how long a newly accepted
+  // connection may take to send its first request: under a burst of 1,000 connects clients take
+  // seconds to write them all, and a short value closes connections unanswered. It also bounds
+  // how long a graceful shutdown waits on idle connections.
+  http_->set_keep_alive_timeout(10);
+  http_->set_read_timeout(30);
+  http_->set_write_timeout(30);
+  http_->set_tcp_nodelay(true);
+  // httplib listens with a backlog of 5: a burst of connections (1,000 clients at once) would
+  // overflow it and clients would see resets and SYN retries. Keep the listening socket to widen
+  // the backlog after bind.
+  http_->set_socket_options([this](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd_ = sock;
+  });
+  routes();
+}
+
+Server::~Server() = default;
+
+bool Server::bind() {
+  bool ok = false;
+  if (cfg_.port == 0) {
+    port_ = http_->bind_to_any_port(cfg_.host);
+    ok = port_ > 0;
+  } else {
+    port_ = cfg_.port;
+    ok = http_->bind_to_port(cfg_.host, cfg_.port);
+  }
+  // Linux lets listen() on a listening socket change its backlog (capped by net.core.somaxconn).
+  if (ok && listen_fd_ >= 0) ::listen(listen_fd_, 4096);
+  return ok;
+}
+
+void Server::run() {
+  http_->listen_after_bind();
+}
+
+void Server::shutdown() {
+  draining_ = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg_.shutdown_timeout_s);
+  if (!idle_.wait_until(lock, deadline, [&] { return jobs_ == 0; })) {
+    spdlog::warn("shutdown: {} requests still running after {}s; cancelling them", jobs_, cfg_.shutdown_timeout_s);
+    for (auto& w : live_)
+      if (auto job = w.lock()) cancel_job(*job);
+    idle_.wait_for(lock, std::chrono::seconds(10), [&] { return jobs_ == 0; });
+  }
+  lock.unlock();
+  http_->stop();
+}
+
+void Server::job_finished() {
+  std::lock_guard<std::mutex> l(mu_);
+  --jobs_;
+  metrics_.inflight = jobs_;
+  // Drop expired entries now and then so the list stays the size of what is running.
+  if (live_.size() > 64 && live_.size() > 2 * static_cast<size_t>(jobs_ + 1))
+    std::erase_if(live_, [](const std::weak_ptr<Job>& w) { return w.expired(); });
+  idle_.notify_all();
+}
+
+bool Server::authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (cfg_.api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 &&
+      same_secret(h.substr(prefix.size()), cfg_.api_key))
+    return true;
+  send_error(res, ApiError(401, h.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "invalid API key",
+                           "", "authentication_error", "invalid_api_key"));
+  return false;
+}
+
+void Server::routes() {
+  httplib::Server& s = *http_;
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) return send_json(res, 503, error_body(503, "the server is shutting down"));
+    send_json(res, 200, {{"status", "ok"}});
+  });
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    json m = {{"id", cfg_.model_name},
+              {"object", "model"},
+              {"created", 0},
+              {"owned_by", "kiln"},
+              {"max_model_len", engine_.max_model_len()}};
+    send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+  });
+  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    if (id != cfg_.model_name)
+      return send_error(
+          res, ApiError(404, fmt::format("the model '{}' does not exist", id), "model", "", "model_not_found"));
+    send_json(res, 200, {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "kiln"}});
+  });
+  s.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    res.set_content(metrics_.render(engine_.stats(), cfg_.model_name), "text/plain; version=0.0.4");
+  });
+  s.Post("/v1/chat/completions",
+         [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, true); });
+  s.Post("/v1/completions",
+         [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, false); });
+  // The wrong method on a known path is 405, not 404.
+  auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
+    send_error(res, ApiError(405, fmt::format("{} is not allowed on {}", req.method, req.path)));
+  };
+  for (const char* p : {"/v1/chat/completions", "/v1/completions"}) s.Get(p, not_allowed);
+  for (const char* p : {"/v1/models", "/health", "/metrics"}) s.Post(p, not_allowed);
+
+  // httplib answers some errors itself (unknown path, 413 body too large, unparseable HTTP):
+  // give them the OpenAI body too.
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg = res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
+                      : res.status == 413 ? "the request body is larger than the server's limit"
+                                          : fmt::format("HTTP {}", res.status);
+    send_json(res, res.status, error_body(res.status, msg));
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+    }
+    send_json(res, 500, error_body(500, msg));
+  });
+  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    // Known paths only: a client probing random URLs must not grow the label set without bound.
+    static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"};
+    std::string ep = "other";
+    for (const char* k : known)
+      if (req.path == k) ep = k;
+    if (req.path.rfind("/v1/models/", 0) == 0) ep = "/v1/models";
+    metrics_.request_done(ep, res.status);
+  });
+}
+
+}  // namespace kiln::server

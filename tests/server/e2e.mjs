@@ -1,0 +1,221 @@
+// End-to-end checks of `kiln serve` with the official openai npm client and raw fetch.
+// Usage: node e2e.mjs --base-url http://127.0.0.1:PORT --suite e2e|auth|bad|load|disconnect
+//        [--api-key KEY] [--model NAME] [--count N]
+// Prints one line per check; exits 1 on the first failure (with what was received).
+import { pathToFileURL } from "node:url";
+import path from "node:path";
+import assert from "node:assert/strict";
+
+const args = Object.fromEntries(
+  process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
+const base = args["base-url"];
+const suite = args["suite"] ?? "e2e";
+const here = path.dirname(new URL(import.meta.url).pathname);
+const { default: OpenAI } = await import(pathToFileURL(path.join(here, "..", "npm", "node_modules", "openai", "index.mjs")));
+
+// The whole run is bounded: a hang is a failure, not a stuck CI job.
+setTimeout(() => { console.error(`TIMEOUT in suite ${suite}`); process.exit(2); }, Number(args["deadline-s"] ?? 150) * 1000).unref();
+
+const client = (key) => new OpenAI({ baseURL: `${base}/v1`, apiKey: key ?? "unused", maxRetries: 0, timeout: 60000 });
+const ok = (name) => console.log(`ok   ${name}`);
+
+async function modelName(key) {
+  const list = await client(key ?? args["api-key"]).models.list();
+  return list.data[0].id;
+}
+
+async function e2e() {
+  const c = client();
+  const models = await c.models.list();
+  assert.equal(models.data.length, 1);
+  const model = models.data[0].id;
+  ok(`list models: ${model}`);
+
+  const messages = [{ role: "user", content: "Tell me a story about a cat." }];
+  const full = await c.chat.completions.create({ model, messages, temperature: 0, max_tokens: 16 });
+  const text = full.choices[0].message.content;
+  assert.equal(full.object, "chat.completion");
+  assert.equal(full.choices[0].message.role, "assistant");
+  assert.ok(["stop", "length"].includes(full.choices[0].finish_reason));
+  assert.ok(full.usage.prompt_tokens > 0 && full.usage.completion_tokens > 0);
+  assert.equal(full.usage.total_tokens, full.usage.prompt_tokens + full.usage.completion_tokens);
+  assert.ok(typeof full.usage.prompt_tokens_details.cached_tokens === "number");
+  ok(`chat non-streaming: ${JSON.stringify(text)}`);
+
+  const stream = await c.chat.completions.create({ model, messages, temperature: 0, max_tokens: 16, stream: true,
+    stream_options: { include_usage: true } });
+  let pieces = "", usage = null, finish = null, roleSeen = false;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const ch of chunk.choices) {
+      if (ch.delta.role) roleSeen = true;
+      pieces += ch.delta.content ?? "";
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  assert.equal(pieces, text, "streamed pieces concatenate to the non-streamed text");
+  assert.ok(roleSeen && finish);
+  assert.ok(usage && usage.completion_tokens === full.usage.completion_tokens, `usage chunk: ${JSON.stringify(usage)}`);
+  ok("chat streaming equals non-streaming, usage chunk present");
+
+  // max_completion_tokens is honoured the same as max_tokens.
+  const mct = await c.chat.completions.create({ model, messages, temperature: 0, max_completion_tokens: 3 });
+  assert.ok(mct.usage.completion_tokens <= 3);
+  ok("max_completion_tokens");
+
+  const comp = await c.completions.create({ model, prompt: "Once upon a time", max_tokens: 5, temperature: 0,
+    logprobs: 3, echo: true });
+  const lp = comp.choices[0].logprobs;
+  assert.ok(comp.choices[0].text.startsWith("Once upon a time"));
+  assert.equal(lp.tokens.length, comp.usage.completion_tokens);
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  assert.ok(lp.token_logprobs.every((x) => x <= 0));
+  assert.ok(lp.top_logprobs.every((t) => Object.keys(t).length >= 1));
+  ok("completions with echo and logprobs");
+
+  const ids = await c.completions.create({ model, prompt: [10, 20, 30, 40], max_tokens: 4, temperature: 0 });
+  assert.equal(ids.usage.prompt_tokens, 4);
+  ok("completions with token-id prompt");
+
+  const chatLp = await c.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, logprobs: true,
+    top_logprobs: 2 });
+  const content = chatLp.choices[0].logprobs.content;
+  assert.equal(content.length, chatLp.usage.completion_tokens);
+  assert.ok(content.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
+  ok("chat logprobs + top_logprobs");
+
+  // Stop sequences: cut the greedy text at a substring it is known to contain.
+  const long = await c.completions.create({ model, prompt: "The", max_tokens: 24, temperature: 0 });
+  const ltext = long.choices[0].text;
+  const cut = ltext.slice(Math.floor(ltext.length / 2)).trim().slice(0, 3);
+  if (cut.length > 0) {
+    const stopped = await c.completions.create({ model, prompt: "The", max_tokens: 24, temperature: 0, stop: [cut] });
+    assert.equal(stopped.choices[0].finish_reason, "stop");
+    assert.ok(!stopped.choices[0].text.includes(cut), `stop string ${JSON.stringify(cut)} not emitted`);
+    assert.ok(ltext.startsWith(stopped.choices[0].text));
+    ok(`stop sequence ${JSON.stringify(cut)}`);
+  }
+
+  // Same seed, same sample; n choices come back indexed.
+  const sampled = (seed) => c.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1.0, top_p: 0.95,
+    top_k: 50, min_p: 0.01, presence_penalty: 0.5, frequency_penalty: 0.5, seed });
+  const [a, b] = [await sampled(1234), await sampled(1234)];
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  ok("seed reproducibility");
+  const many = await c.chat.completions.create({ model, messages, max_tokens: 4, n: 3, seed: 7 });
+  assert.deepEqual(many.choices.map((x) => x.index), [0, 1, 2]);
+  ok("n = 3");
+
+  // Tools: definitions reach the template, and a conversation with a call and its result renders.
+  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather for a city",
+    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+  const withTools = await c.chat.completions.create({ model, messages, tools, tool_choice: "auto", max_tokens: 4,
+    temperature: 0 });
+  assert.ok(withTools.choices[0].message.role === "assistant");
+  const roundTrip = await c.chat.completions.create({ model, tools, max_tokens: 4, temperature: 0, messages: [
+    ...messages,
+    { role: "assistant", content: "", tool_calls: [{ id: "call_1", type: "function",
+      function: { name: "get_weather", arguments: "{\"city\":\"Paris\"}" } }] },
+    { role: "tool", tool_call_id: "call_1", content: "sunny" }] });
+  assert.ok(roundTrip.choices[0].message);
+  ok("tool definitions and a tool-call round trip are accepted");
+
+  const health = await fetch(`${base}/health`);
+  assert.equal(health.status, 200);
+  const metrics = await (await fetch(`${base}/metrics`)).text();
+  for (const m of ["kiln_requests_total", "kiln_time_to_first_token_seconds_bucket", "kiln_kv_blocks_free",
+    "kiln_num_requests_running", "kiln_prefix_cache_hit_rate", "kiln_kernel_plan_info"])
+    assert.ok(metrics.includes(m), `metrics has ${m}`);
+  ok("health and metrics");
+}
+
+async function auth() {
+  const key = args["api-key"];
+  await assert.rejects(client("wrong-key").models.list(), (e) => e.status === 401);
+  await assert.rejects(client("wrong-key").chat.completions.create({ model: "x", messages: [{ role: "user",
+    content: "hi" }] }), (e) => e.status === 401);
+  const raw = await fetch(`${base}/v1/models`);
+  assert.equal(raw.status, 401);
+  const body = await raw.json();
+  assert.equal(body.error.type, "authentication_error");
+  assert.equal((await fetch(`${base}/health`)).status, 200, "/health needs no key");
+  assert.equal((await fetch(`${base}/metrics`)).status, 401);
+  ok("auth on: missing or wrong key gets 401, /health is open");
+  const model = await modelName(key);
+  const r = await client(key).chat.completions.create({ model, messages: [{ role: "user", content: "hi" }],
+    max_tokens: 2 });
+  assert.ok(r.choices.length === 1);
+  ok("auth on: the right key works");
+}
+
+// A stream is cancelled midway by the client; afterwards every KV block is free again.
+async function disconnect() {
+  const model = await modelName();
+  const count = Number(args["count"] ?? 100);
+  const metric = async (name) => {
+    const t = await (await fetch(`${base}/metrics`)).text();
+    return Number(t.split("\n").find((l) => l.startsWith(name + " ")).split(" ")[1]);
+  };
+  const running = () => metric("kiln_num_requests_running");
+  const baseline = await metric("kiln_kv_blocks_used") - await metric("kiln_kv_blocks_cached_evictable");
+  await Promise.all(Array.from({ length: count }, async (_, i) => {
+    const ctl = new AbortController();
+    const res = await fetch(`${base}/v1/completions`, { method: "POST", signal: ctl.signal,
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model, prompt: `request ${i} goes on and on`, max_tokens: 1000, ignore_eos: true,
+        stream: true }) });
+    const reader = res.body.getReader();
+    let got = 0;
+    while (got < 3) { const { done, value } = await reader.read(); if (done) break; got += value.length > 0 ? 1 : 0; }
+    ctl.abort();
+  }).map((p) => p.catch((e) => { if (e.name !== "AbortError") throw e; })));
+  // The server notices on its next write; wait (bounded) for the engine to drain.
+  let used = -1, run = -1;
+  for (let i = 0; i < 300; i++) {
+    run = await running();
+    used = await metric("kiln_kv_blocks_used") - await metric("kiln_kv_blocks_cached_evictable");
+    if (run === 0 && used === baseline) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(run, 0, "no request still running");
+  assert.equal(used, baseline, "KV blocks held by requests back to baseline");
+  ok(`${count} aborted streams: KV back to baseline (${baseline} blocks held)`);
+  const after = await client().completions.create({ model, prompt: "still", max_tokens: 2 });
+  assert.ok(after.choices.length === 1);
+  ok("serves after the disconnects");
+}
+
+// N concurrent streaming requests: each completes or gets a clear 429/503.
+async function load() {
+  const model = await modelName();
+  const count = Number(args["count"] ?? 1000);
+  let completed = 0, refused = 0;
+  await Promise.all(Array.from({ length: count }, async (_, i) => {
+    const res = await fetch(`${base}/v1/chat/completions`, { method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model, messages: [{ role: "user", content: `hello ${i}` }], max_tokens: 4,
+        stream: true }) });
+    if (res.status === 429 || res.status === 503) {
+      const body = await res.json();
+      assert.ok(body.error && body.error.message);
+      refused++;
+      return;
+    }
+    assert.equal(res.status, 200);
+    const text = await res.text();
+    assert.ok(text.trimEnd().endsWith("data: [DONE]"), `stream ${i} ends with [DONE]`);
+    completed++;
+  }));
+  assert.equal(completed + refused, count);
+  ok(`${count} concurrent streams: ${completed} completed, ${refused} refused`);
+}
+
+const suites = { e2e, auth, disconnect, load };
+if (suite === "bad") {
+  const { bad } = await import(pathToFileURL(path.join(here, "bad_inputs.mjs")));
+  await bad(base, await modelName());
+} else {
+  await suites[suite]();
+}
+console.log(`suite ${suite}: all passed`);
+process.exit(0);
