@@ -29,18 +29,6 @@ bool kiln_has_serve() {
   return false;
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST(BenchServeKiln, TwoPointSweepAgainstKilnServe) {
   if (!kiln_has_serve()) GTEST_SKIP() << "needs kiln serve";
   const fs::path model = fs::path(KILN_TEST_DATA) / ".." / ".." / "models" / "kiln-tiny";
@@ -48,7 +36,7 @@ TEST(BenchServeKiln, TwoPointSweepAgainstKilnServe) {
     GTEST_SKIP() << "needs the weights of models/kiln-tiny";
   const fs::path tmp = fs::temp_directory_path() / ("kiln_bench_serve_" + std::to_string(getpid()));
   fs::create_directories(tmp);
-  const int port = free_port();
+  const int port = kiln::test::free_port();
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   test::Child server(test::words(std::string(KILN_BINARY) + " serve --model " + model.string() +
                                  " --host 127.0.0.1 --port " + std::to_string(port) + " --device cpu"),

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "test_util.h"
+
 extern char** environ;
 
 namespace kiln::server::test {
@@ -42,17 +44,7 @@ inline bool have_node_openai() {
   return fs::exists("/usr/bin/node") && fs::exists(repo_root() / "tests" / "npm" / "node_modules" / "openai");
 }
 
-inline int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+using ::kiln::test::free_port;
 
 inline std::string slurp(const fs::path& p) {
   std::ifstream f(p);
