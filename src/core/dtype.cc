@@ -116,14 +116,24 @@ uint8_t f32_to_fp8e4m3(float f) {
 void convert_to_f32(DType t, const void* src, float* dst, size_t n) {
   switch (t) {
     case DType::F32: std::memcpy(dst, src, n * 4); return;
+    // Checkpoint data need not be 2-byte aligned (safetensors headers have any length): load
+    // through memcpy, which compiles to plain loads where alignment allows.
     case DType::BF16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      auto* s = static_cast<const unsigned char*>(src);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
       return;
     }
     case DType::F16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      auto* s = static_cast<const unsigned char*>(src);
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, s + 2 * i, 2);
+        dst[i] = f16_to_f32(h);
+      }
       return;
     }
     case DType::F8E4M3: {
