@@ -1,12 +1,14 @@
 // kiln-gpu-bench: GPU figures beside the ceilings measured in the same run (DESIGN.md §10).
 //   1. ceilings: HBM copy bandwidth, bf16 GEMM rate
-//   2. MLA decode kernel alone (absorbed, paged) at 1k-32k contexts
+//   2. MLA decode kernel alone (absorbed, paged, bf16 pool) at 16 and 128 heads, 1k-32k contexts,
+//      batches 1-128, against the copy ceiling
 //   3. whole model with random weights (Moonlight-16B-A3B shape and its 129,280-vocab variant):
 //      prefill tok/s at 1k and 8k, decode tok/s at batch 1..256, each against its ceiling
 // Writes a JSON report (--out) and prints a table. Figures, not tests: nothing here asserts.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -64,49 +66,67 @@ double prefill_flops(const ModelConfig& c, int64_t T) {
   return per_token * static_cast<double>(T) + attn + 2.0 * static_cast<double>(c.vocab_size * c.hidden_size);
 }
 
-json bench_mla_kernel(ops::Backend& be, double copy_gbps) {
+// The absorbed decode kernel alone over the backend's KV pool (bf16 on CUDA). Bytes counted:
+// every sequence reads its kv_len rows once (kv_len * 576 * 2 B), plus q (f32 in) and out (f32
+// out). Small pools would sit in the 50 MB L2 between repetitions and overstate HBM bandwidth, so
+// the repetitions rotate over copies of the pool spanning >= 512 MB.
+json bench_mla_kernel(ops::Backend& be, double copy_gbps, bool quick) {
   json rows = json::array();
   const int64_t kLora = 512, kRope = 64, row = kLora + kRope, bs = 64;
-  for (int64_t heads : {16, 128, 12}) {
-    for (int64_t ctx : {1024, 8192, 32768}) {
-      for (int64_t B : {1, 8, 32}) {
+  const DType kv = be.kv_dtype();
+  const int64_t kv_bytes = static_cast<int64_t>(dtype_size(kv));
+  std::printf("mla decode kernel, %s latent pool\n", dtype_name(kv));
+  const std::vector<int64_t> contexts =
+      quick ? std::vector<int64_t>{1024, 8192, 32768} : std::vector<int64_t>{1024, 4096, 8192, 16384, 32768};
+  for (int64_t heads : {16, 128}) {
+    for (int64_t ctx : contexts) {
+      for (int64_t B : {1, 8, 32, 128}) {
         const int64_t blocks_per = (ctx + bs - 1) / bs, blocks = B * blocks_per;
-        auto pool = be.alloc(DType::F32, {blocks * bs, row});
+        const double kv_read = static_cast<double>(B * ctx * row * kv_bytes);
+        const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>((512.0 * (1 << 20)) / kv_read + 1));
+        auto pool = be.alloc(kv, {copies * blocks * bs, row});
         be.fill_random(pool.t, 1, 1.0f);
         auto q = be.alloc(DType::F32, {B, heads * row});
         be.fill_random(q.t, 2, 0.1f);
         auto out = be.alloc(DType::F32, {B, heads * kLora});
-        std::vector<int32_t> table(static_cast<size_t>(blocks)),
-            lens(static_cast<size_t>(B), static_cast<int32_t>(ctx)), cu;
-        for (int64_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+        std::vector<int32_t> lens(static_cast<size_t>(B), static_cast<int32_t>(ctx)), cu;
         for (int64_t b = 0; b <= B; ++b) cu.push_back(static_cast<int32_t>(b));
-        auto tt = be.alloc(DType::I32, {blocks}), tl = be.alloc(DType::I32, {B}), tc = be.alloc(DType::I32, {B + 1});
-        be.upload(tt.t, table.data());
+        auto tl = be.alloc(DType::I32, {B}), tc = be.alloc(DType::I32, {B + 1});
         be.upload(tl.t, lens.data());
         be.upload(tc.t, cu.data());
-        ops::MlaAbsorbedParams p{q.f32(),
-                                 {pool.f32(), tt.t.as<int32_t>(), tl.t.as<int32_t>(), bs, blocks_per},
-                                 tc.t.as<int32_t>(),
-                                 B,
-                                 B,
-                                 out.f32(),
-                                 heads,
-                                 kLora,
-                                 kRope,
-                                 0.07f};
-        be.mla_absorbed(p);
+        std::vector<ops::OwnedTensor> tables;
+        std::vector<ops::MlaAbsorbedParams> params;
+        for (int64_t c = 0; c < copies; ++c) {
+          std::vector<int32_t> table(static_cast<size_t>(blocks));
+          for (int64_t i = 0; i < blocks; ++i) table[static_cast<size_t>(i)] = static_cast<int32_t>(c * blocks + i);
+          tables.push_back(be.alloc(DType::I32, {blocks}));
+          be.upload(tables.back().t, table.data());
+          params.push_back({q.f32(),
+                            {pool.t.data, kv, tables.back().t.as<int32_t>(), tl.t.as<int32_t>(), bs, blocks_per},
+                            tc.t.as<int32_t>(),
+                            B,
+                            B,
+                            out.f32(),
+                            heads,
+                            kLora,
+                            kRope,
+                            0.07f});
+        }
+        for (const auto& p : params) be.mla_absorbed(p);  // warm-up (attributes, scratch)
         be.synchronize();
-        const int reps = 20;
+        const int reps = static_cast<int>(std::max<int64_t>(20, 2 * copies));
         const double t0 = now_s();
-        for (int i = 0; i < reps; ++i) be.mla_absorbed(p);
+        for (int i = 0; i < reps; ++i) be.mla_absorbed(params[static_cast<size_t>(i % copies)]);
         be.synchronize();
         const double sec = (now_s() - t0) / reps;
-        const double bytes = static_cast<double>(B * ctx * row * 4 + B * heads * (row + kLora) * 4);
+        const double bytes = kv_read + static_cast<double>(B * heads * (row + kLora) * 4);
         const double gbps = bytes / sec / 1e9;
         rows.push_back({{"heads", heads},
                         {"context", ctx},
                         {"batch", B},
+                        {"kv_dtype", dtype_name(kv)},
                         {"us", sec * 1e6},
+                        {"bytes", bytes},
                         {"gbps", gbps},
                         {"fraction_of_copy_bw", gbps / copy_gbps}});
         std::printf("mla decode  heads %3lld ctx %6lld batch %3lld: %9.1f us  %7.0f GB/s  %5.1f%% of copy\n",
@@ -116,6 +136,73 @@ json bench_mla_kernel(ops::Backend& be, double copy_gbps) {
     }
   }
   return rows;
+}
+
+// The sample op alone at Moonlight/Kimi's vocabulary: greedy (one pass) and sampled
+// (temperature 1, top-k 50 + top-p 0.9: radix-select cuts), logits uniform(-8, 8).
+json bench_sample(ops::Backend& be, double copy_gbps) {
+  json rows_out = json::array();
+  const int64_t V = 163840;
+  for (int64_t R : {1, 8, 32, 128, 256}) {
+    auto logits = be.alloc(DType::F32, {R, V});
+    be.fill_random(logits.t, 3, 8.0f);
+    auto put = [&](DType dt, const void* src) {
+      auto t = be.alloc(dt, {R});
+      be.upload(t.t, src);
+      return t;
+    };
+    for (bool greedy : {true, false}) {
+      const auto n = static_cast<size_t>(R);
+      const std::vector<float> temp(n, greedy ? 0.0f : 1.0f), top_p(n, greedy ? 1.0f : 0.9f), zeros(n, 0.0f),
+          ones(n, 1.0f);
+      const std::vector<int32_t> top_k(n, greedy ? 0 : 50);
+      std::vector<uint64_t> seed(n), counter(n, 5);
+      for (size_t r = 0; r < n; ++r) seed[r] = r * 7919;
+      auto tt = put(DType::F32, temp.data()), tp = put(DType::F32, top_p.data()), tz = put(DType::F32, zeros.data()),
+           to = put(DType::F32, ones.data()), tk = put(DType::I32, top_k.data()), ts = put(DType::I64, seed.data()),
+           tc = put(DType::I64, counter.data());
+      auto tok = be.alloc(DType::I32, {R}), lp = be.alloc(DType::F32, {R});
+      auto top_ids = be.alloc(DType::I32, {R, 5}), top_lp = be.alloc(DType::F32, {R, 5});
+      const ops::SampleParams p{logits.f32(),
+                                0,
+                                R,
+                                V,
+                                tt.f32(),
+                                tk.t.as<int32_t>(),
+                                tp.f32(),
+                                tz.f32(),
+                                to.f32(),
+                                tz.f32(),
+                                tz.f32(),
+                                ts.t.as<uint64_t>(),
+                                tc.t.as<uint64_t>(),
+                                nullptr,
+                                nullptr,
+                                nullptr,
+                                5,
+                                tok.t.as<int32_t>(),
+                                lp.f32(),
+                                top_ids.t.as<int32_t>(),
+                                top_lp.f32()};
+      be.sample(p);
+      be.synchronize();
+      const int reps = 20;
+      const double t0 = now_s();
+      for (int i = 0; i < reps; ++i) be.sample(p);
+      be.synchronize();
+      const double sec = (now_s() - t0) / reps;
+      const double pass_gbps = static_cast<double>(R * V * 4) / sec / 1e9;  // one read of the logits
+      rows_out.push_back({{"rows", R},
+                          {"vocab", V},
+                          {"mode", greedy ? "greedy_top5" : "top_k50_top_p0.9_top5"},
+                          {"us", sec * 1e6},
+                          {"one_pass_fraction_of_copy", pass_gbps / copy_gbps}});
+      std::printf("sample  rows %3lld vocab %lld %-20s: %9.1f us  (one logits pass = %5.1f%% of copy bw)\n",
+                  static_cast<long long>(R), static_cast<long long>(V), greedy ? "greedy" : "top-k 50, top-p 0.9",
+                  sec * 1e6, 100 * pass_gbps / copy_gbps);
+    }
+  }
+  return rows_out;
 }
 
 // A batch of B fresh sequences, each `len` tokens, laid out in consecutive pool blocks.
@@ -173,27 +260,140 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
     const int64_t bps = (ctx + steps + 2 + bs - 1) / bs;
     LatentKvPool pool = model->new_pool(B * bps, bs);
     model->forward(make_batch(B, 0, ctx, bps, bs, c.vocab_size, false), pool);
-    model->forward(make_batch(B, ctx, 1, bps, bs, c.vocab_size, true), pool);  // warm-up step
-    be.synchronize();
-    const double t0 = now_s();
-    for (int64_t s = 0; s < steps; ++s)
-      model->forward(make_batch(B, ctx + 1 + s, 1, bps, bs, c.vocab_size, true), pool);
-    const double sec = (now_s() - t0) / static_cast<double>(steps);
-    const double bytes = decode_bytes(c, B, ctx + 1 + steps / 2, 4);
+    // Steps leave their logits on the GPU (the engine samples there): timing is the forward alone,
+    // op by op (eager) and replayed from a CUDA graph.
+    auto time_steps = [&](int64_t first) {
+      model->forward_logits(make_batch(B, first, 1, bps, bs, c.vocab_size, true), pool);  // warm-up / capture
+      be.synchronize();
+      const double t0 = now_s();
+      for (int64_t s = 0; s < steps; ++s)
+        model->forward_logits(make_batch(B, first + 1 + s, 1, bps, bs, c.vocab_size, true), pool);
+      be.synchronize();
+      return (now_s() - t0) / static_cast<double>(steps);
+    };
+    const double eager = time_steps(ctx);
+    model->enable_decode_graphs(pool, B, bps);
+    const double sec = time_steps(ctx);  // rewrites the same positions: same work, same bytes
+    model->disable_decode_graphs();
+    const double bytes = decode_bytes(c, B, ctx + 1 + steps / 2, static_cast<int64_t>(dtype_size(be.kv_dtype())));
     const double ceiling_step = bytes / (copy_gbps * 1e9);
     decode.push_back({{"batch", B},
                       {"step_ms", sec * 1e3},
+                      {"step_ms_eager", eager * 1e3},
                       {"tok_s_per_stream", 1.0 / sec},
                       {"tok_s_aggregate", static_cast<double>(B) / sec},
                       {"bytes_per_step", bytes},
                       {"ceiling_tok_s_aggregate", static_cast<double>(B) / ceiling_step},
                       {"fraction_of_ceiling", ceiling_step / sec}});
     std::printf(
-        "decode batch %3lld: %7.2f ms/step  %7.1f tok/s/stream  %8.0f tok/s aggregate  ceiling %8.0f  (%4.1f%%)\n",
-        static_cast<long long>(B), sec * 1e3, 1.0 / sec, B / sec, B / ceiling_step, 100 * ceiling_step / sec);
+        "decode batch %3lld: %7.2f ms/step (eager %7.2f)  %7.1f tok/s/stream  %8.0f tok/s aggregate  ceiling %8.0f  "
+        "(%4.1f%%)\n",
+        static_cast<long long>(B), sec * 1e3, eager * 1e3, 1.0 / sec, B / sec, B / ceiling_step,
+        100 * ceiling_step / sec);
   }
   out["decode"] = decode;
   return out;
+}
+
+// Routed-expert layer alone (ops::moe) at the Moonlight shape: hidden 2048, inter 1408, 64 experts,
+// top-6, random distinct routing. Weight bytes = experts the batch touches x 3 x inter x hidden
+// bf16 (the floor at small T); FLOPs = 2 x T x k x 3 x inter x hidden useful (the tensor cores
+// execute twice that: f32 activations run as bf16 hi + lo parts).
+json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
+  const int64_t H = 2048, I = 1408, E = 64, k = 6;
+  auto wgu = be.alloc(DType::BF16, {E, 2 * I, H}), wd = be.alloc(DType::BF16, {E, H, I});
+  be.fill_random(wgu.t, 11, 0.02f);
+  be.fill_random(wd.t, 12, 0.02f);
+  json rows = json::array();
+  uint64_t z = 88172645463325252ull;  // xorshift64 state
+  for (int64_t T : {8, 32, 128, 256, 1024, 8192}) {
+    std::vector<int32_t> ids;
+    std::vector<char> touched(static_cast<size_t>(E), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < k;) {
+        z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+        const auto e = static_cast<int32_t>(z % static_cast<uint64_t>(E));
+        if (std::find(ids.end() - j, ids.end(), e) != ids.end()) continue;
+        ids.push_back(e);
+        touched[static_cast<size_t>(e)] = 1;
+        ++j;
+      }
+    }
+    std::vector<float> w(ids.size(), 1.0f / static_cast<float>(k));
+    auto x = be.alloc(DType::F32, {T, H}), out = be.alloc(DType::F32, {T, H});
+    auto ti = be.alloc(DType::I32, {T, k}), tw = be.alloc(DType::F32, {T, k});
+    be.fill_random(x.t, 13, 1.0f);
+    be.upload(ti.t, ids.data());
+    be.upload(tw.t, w.data());
+    const ops::MoeParams p{
+        x.f32(), ti.t.as<int32_t>(), tw.f32(), wgu.t.data, wd.t.data, DType::BF16, out.f32(), T, H, I, E, k};
+    be.moe(p);  // warm-up: scratch growth
+    be.synchronize();
+    const int reps = T >= 4096 ? 5 : 20;
+    const double t0 = now_s();
+    for (int i = 0; i < reps; ++i) be.moe(p);
+    be.synchronize();
+    const double sec = (now_s() - t0) / reps;
+    const double distinct = static_cast<double>(std::count(touched.begin(), touched.end(), 1));
+    const double bytes = distinct * 3.0 * static_cast<double>(I * H) * 2.0;
+    const double flops = 2.0 * static_cast<double>(T * k) * 3.0 * static_cast<double>(I * H);
+    const double gbps = bytes / sec / 1e9, tflops = flops / sec / 1e12;
+    rows.push_back({{"tokens", T},
+                    {"experts_touched", distinct},
+                    {"us", sec * 1e6},
+                    {"weight_bytes", bytes},
+                    {"gbps", gbps},
+                    {"fraction_of_copy_bw", gbps / copy_gbps},
+                    {"tflops", tflops},
+                    {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
+    std::printf(
+        "moe layer (2048/1408, 64 experts, top-6) T %5lld: %9.1f us  %2.0f experts  %6.0f GB/s (%4.1f%% of copy)"
+        "  %6.1f TFLOP/s (%4.1f%% of bf16 GEMM)\n",
+        static_cast<long long>(T), sec * 1e6, distinct, gbps, 100 * gbps / copy_gbps, tflops,
+        100 * tflops / gemm_tflops);
+  }
+  return rows;
+}
+
+// Expanded MLA prefill attention alone (qk 192 / v 128, one causal sequence of T tokens): causal
+// FLOPs = 2 x heads x (192 + 128) x T^2 / 2, against the bf16 GEMM ceiling.
+json bench_mla_prefill(ops::Backend& be, double gemm_tflops) {
+  json rows = json::array();
+  const int64_t qk = 192, vd = 128;
+  for (int64_t heads : {16, 128}) {
+    for (int64_t T : {1024, 8192, 16384}) {
+      auto q = be.alloc(DType::F32, {T, heads * qk}), k = be.alloc(DType::F32, {T, heads * qk});
+      auto v = be.alloc(DType::F32, {T, heads * vd}), out = be.alloc(DType::F32, {T, heads * vd});
+      be.fill_random(q.t, 21, 0.5f);
+      be.fill_random(k.t, 22, 0.5f);
+      be.fill_random(v.t, 23, 1.0f);
+      const std::vector<int32_t> cu = {0, static_cast<int32_t>(T)};
+      auto tq = be.alloc(DType::I32, {2}), tk = be.alloc(DType::I32, {2});
+      be.upload(tq.t, cu.data());
+      be.upload(tk.t, cu.data());
+      const ops::MlaExpandedParams p{q.f32(), k.f32(), v.f32(), out.f32(), {tq.t.as<int32_t>(), tk.t.as<int32_t>(), 1},
+                                     T,       heads,   qk,      vd,        0.07f};
+      be.mla_expanded(p);  // warm-up
+      be.synchronize();
+      const int reps = T >= 8192 ? 5 : 20;
+      const double t0 = now_s();
+      for (int i = 0; i < reps; ++i) be.mla_expanded(p);
+      be.synchronize();
+      const double sec = (now_s() - t0) / reps;
+      const double flops = 2.0 * static_cast<double>(heads * (qk + vd)) * static_cast<double>(T) * T / 2.0;
+      const double tflops = flops / sec / 1e12;
+      rows.push_back({{"heads", heads},
+                      {"tokens", T},
+                      {"ms", sec * 1e3},
+                      {"tflops", tflops},
+                      {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
+      std::printf(
+          "mla prefill attention (qk 192 / v 128) %3lld heads T %5lld: %8.2f ms  %6.1f TFLOP/s (%4.1f%% of bf16 "
+          "GEMM)\n",
+          static_cast<long long>(heads), static_cast<long long>(T), sec * 1e3, tflops, 100 * tflops / gemm_tflops);
+    }
+  }
+  return rows;
 }
 
 }  // namespace
@@ -213,7 +413,10 @@ int main(int argc, char** argv) {
     const double gemm = bench::measure_bf16_gemm_tflops(8192, 8192, 8192);
     std::printf("device %s\nceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", be->name().c_str(), copy, gemm);
     report["ceilings"] = {{"copy_gbps", copy}, {"bf16_gemm_tflops", gemm}};
-    report["mla_decode_kernel"] = bench_mla_kernel(*be, copy);
+    report["mla_decode_kernel"] = bench_mla_kernel(*be, copy, quick);
+    report["moe_layer"] = bench_moe_layer(*be, copy, gemm);
+    report["mla_prefill_kernel"] = bench_mla_prefill(*be, gemm);
+    report["sample_kernel"] = bench_sample(*be, copy);
     if (!skip_model) {
       ModelConfig moon = parse_model_config(json::parse(kMoonlight), "moonlight-16b-a3b");
       report["models"].push_back(bench_model(*be, "moonlight-16b-a3b", moon, copy, gemm, {1, 8, 32, 128, 256}, quick));

@@ -1,12 +1,15 @@
 // libFuzzer target for the server's request parsing: arbitrary bytes as a request body through
 // JSON parsing and both endpoints' validation, and as model output through the tool-call and
-// reasoning parser (whole and split at a fuzzer-chosen point, which must agree). Anything but an
-// ApiError (or a clean parse) is a finding.
+// reasoning parser (whole and split at a fuzzer-chosen point, which must agree), and through the
+// tool-call argument grammar (json_grammar.h) under the schema the input carries as
+// "parameters", if any: text the grammar accepts as a complete object must be valid JSON.
+// Anything but an ApiError (or a clean parse) is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "server/json_grammar.h"
 #include "server/output_parser.h"
 #include "server/protocol.h"
 
@@ -42,11 +45,21 @@ void parse_output(std::string_view text, size_t split, ToolFormat f, bool reason
     __builtin_trap();
 }
 
+void match_arguments(std::string_view text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  const JsonSchemaGrammar g(j.is_object() && j.contains("parameters") ? j["parameters"] : nlohmann::json());
+  JsonState s = g.start();
+  for (char c : text)
+    if (!g.feed(s, static_cast<uint8_t>(c))) return;
+  if (s.done && !nlohmann::json::accept(text)) __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   parse_request(in);
+  match_arguments(in);
   if (size > 0) {
     const size_t split = data[0] % (size + 1);
     const ToolFormat f = data[0] & 1 ? ToolFormat::KimiK2 : ToolFormat::DeepSeekV3;

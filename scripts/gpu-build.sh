@@ -3,11 +3,11 @@
 # machine lacks, for scripts/gpu-check.sh. Run from a checkout; the device tool carries .gpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build-cuda -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-cuda --target kiln ops_parity_test model_test kiln-gpu-bench
+cmake -S . -B build-gpu -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DKILN_SKIP_MODULES= >/dev/null
+cmake --build build-gpu --target kiln ops_parity_test model_test kiln-gpu-bench
 rm -rf .gpu && mkdir -p .gpu/lib
-cp build-cuda/src/cli/kiln build-cuda/tests/ops/ops_parity_test build-cuda/tests/model/model_test \
-  build-cuda/bench/kiln-gpu-bench .gpu/
+cp build-gpu/src/cli/kiln build-gpu/tests/ops/ops_parity_test build-gpu/tests/model/model_test \
+  build-gpu/bench/kiln-gpu-bench .gpu/
 pwd > .gpu/built_at
 # Non-CUDA shared libraries from this machine's packages (spdlog, fmt, OpenBLAS, gomp, ...).
 for b in .gpu/kiln .gpu/ops_parity_test .gpu/model_test .gpu/kiln-gpu-bench; do

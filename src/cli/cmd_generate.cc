@@ -19,11 +19,12 @@ namespace kiln::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, device = "cpu", prompt, prompt_ids, stop_token_ids, kv_cache_memory;
+  std::string model, device = "cpu", kv_dtype = "auto", prompt, prompt_ids, stop_token_ids, kv_cache_memory;
   int64_t max_tokens = 32, block_size = 64;
   uint64_t seed = 0;
   SamplingParams sampling;
   bool json = false;
+  bool enforce_eager = false;
 };
 
 int run_generate(GenerateArgs a) {
@@ -51,11 +52,12 @@ int run_generate(GenerateArgs a) {
   req.sampling.logprobs = true;
   if (!a.stop_token_ids.empty()) req.sampling.stop_token_ids = parse_ids(a.stop_token_ids, "--stop-token-ids");
   req.sampling.validate(INT32_MAX);  // flag errors before the model loads; the vocabulary is checked later
-  LoadedModel m = load_model(a.model, a.device);
+  LoadedModel m = load_model(a.model, a.device, a.kv_dtype);
 
   EngineConfig cfg;
   cfg.block_size = a.block_size;
   cfg.scheduler.max_num_seqs = 1;
+  cfg.cuda_graphs = !a.enforce_eager;
   if (!a.kv_cache_memory.empty())
     cfg.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
   else  // one request: the blocks it can use (submit() refuses one past the model's positions)
@@ -95,6 +97,8 @@ KILN_COMMAND("generate", "Generate a continuation of a prompt", [](CLI::App& sub
   SamplingParams& s = a->sampling;
   sub.add_option("--model", a->model, "checkpoint directory")->required();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub.add_option("--kv-cache-dtype", a->kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
+      ->capture_default_str();
   sub.add_option("--prompt", a->prompt, "prompt text");
   sub.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids");
   sub.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
@@ -111,6 +115,7 @@ KILN_COMMAND("generate", "Generate a continuation of a prompt", [](CLI::App& sub
   sub.add_option("--kv-cache-memory", a->kv_cache_memory, "KV cache size, e.g. 2GiB (default: what the request needs)");
   sub.add_option("--block-size", a->block_size, "tokens per KV block")->capture_default_str();
   sub.add_flag("--json", a->json, "print JSON");
+  sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
   return [a] { return run_generate(*a); };
 });
 

@@ -23,12 +23,14 @@ namespace kiln::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model, device = "cpu", served_name, kv_cache_memory, tool_parser = "auto", reasoning = "auto";
+  std::string model, device = "cpu", kv_dtype = "auto", served_name, kv_cache_memory, tool_parser = "auto",
+                     reasoning = "auto";
   server::ServerConfig cfg;
   int tp = 1;
   int64_t max_num_seqs = 256, max_batched_tokens = 8192, max_model_len = 0, num_kv_blocks = 0, block_size = 64;
   double kv_fraction = 0.9;
   bool no_prefix_caching = false;
+  bool enforce_eager = false;
 };
 
 int g_signal_pipe[2] = {-1, -1};
@@ -89,13 +91,14 @@ int run_serve(ServeArgs a) {
              "--reasoning-parser must be auto, on or off, got '{}'", a.reasoning);
   a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
 
-  LoadedModel m = load_model(a.model, a.device);
+  LoadedModel m = load_model(a.model, a.device, a.kv_dtype);
   EngineConfig ec;
   ec.block_size = a.block_size;
   ec.scheduler.max_num_seqs = a.max_num_seqs;
   ec.scheduler.max_batched_tokens = a.max_batched_tokens;
   ec.max_model_len = a.max_model_len;
   ec.prefix_caching = !a.no_prefix_caching;
+  ec.cuda_graphs = !a.enforce_eager;
   if (a.num_kv_blocks > 0)
     ec.kv.num_blocks = a.num_kv_blocks;
   else if (!a.kv_cache_memory.empty())
@@ -145,6 +148,8 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_option("--host", c.host, "address to bind (0.0.0.0 to expose)")->capture_default_str();
   sub.add_option("--port", c.port, "port (0: any free port)")->capture_default_str();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub.add_option("--kv-cache-dtype", a->kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
+      ->capture_default_str();
   sub.add_option("--tp", a->tp, "tensor-parallel GPUs")->capture_default_str();
   sub.add_option("--api-key", c.api_key, "require 'Authorization: Bearer KEY' (or set KILN_API_KEY)");
   sub.add_option("--served-model-name", a->served_name, "model id clients use (default: the directory name)");
@@ -156,6 +161,7 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_option("--num-kv-blocks", a->num_kv_blocks, "KV cache size in blocks (wins over --kv-cache-memory)");
   sub.add_option("--gpu-memory-utilization", a->kv_fraction, "KV share of free GPU memory")->capture_default_str();
   sub.add_flag("--no-prefix-caching", a->no_prefix_caching, "disable the radix prefix cache");
+  sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
   sub.add_option("--max-pending-requests", c.max_pending_requests, "requests in flight; more get 503")
       ->capture_default_str();
   sub.add_option("--http-threads", c.threads, "HTTP worker threads (one per open stream)")->capture_default_str();

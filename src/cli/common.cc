@@ -33,10 +33,13 @@ std::unique_ptr<ops::Backend> make_backend(const std::string& device) {
   return ops::make_cuda_backend();
 }
 
-LoadedModel load_model(const std::string& dir, const std::string& device) {
+LoadedModel load_model(const std::string& dir, const std::string& device, const std::string& kv_dtype) {
+  KILN_CHECK(kv_dtype == "auto" || kv_dtype == "bf16" || kv_dtype == "f32",
+             "--kv-cache-dtype must be auto, bf16 or f32, got \"{}\"", kv_dtype);
   LoadedModel m;
   m.backend = make_backend(device);
   m.model = DeepseekV3Model::load(dir, *m.backend);
+  if (kv_dtype != "auto") m.model->set_kv_dtype(kv_dtype == "bf16" ? DType::BF16 : DType::F32);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,
                m.model->config().num_attention_heads, m.backend->name());
   spdlog::info("kernel plan ({} heads per GPU):", m.model->config().num_attention_heads);

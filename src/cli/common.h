@@ -20,6 +20,7 @@ struct LoadedModel {
   std::unique_ptr<ops::Backend> backend;
   std::unique_ptr<DeepseekV3Model> model;
 };
-LoadedModel load_model(const std::string& dir, const std::string& device);
+// kv_dtype: "auto" (the backend's: bf16 on CUDA, f32 on the CPU), "bf16" or "f32".
+LoadedModel load_model(const std::string& dir, const std::string& device, const std::string& kv_dtype = "auto");
 
 }  // namespace kiln::cli

@@ -32,6 +32,8 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
   if (cfg_.prefix_caching) cache_ = std::make_unique<kv::RadixCache>(*alloc_, bs);
   scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *alloc_, cache_.get(), bs);
   runner_ = std::make_unique<ModelRunner>(model, pool_, cfg_.mla_form);
+  if (cfg_.cuda_graphs && cfg_.mla_form != MlaForm::Expanded)
+    model.enable_decode_graphs(pool_, cfg_.scheduler.max_num_seqs, kv::blocks_for(max_model_len_, bs));
   for (int64_t id : c.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   seed_rng_.seed(std::random_device{}());
   stats_.blocks_total = stats_.blocks_free = plan_.num_blocks;
@@ -47,6 +49,7 @@ Engine::~Engine() {
   }
   wake_.notify_all();
   thread_.join();
+  model_.disable_decode_graphs();  // they were captured on this engine's pool
 }
 
 RequestStream Engine::submit(Request req) {
@@ -56,6 +59,8 @@ RequestStream Engine::submit(Request req) {
     KILN_CHECK(id >= 0 && id < V, "prompt token id {} is outside the vocabulary [0, {})", id, V);
   SamplingParams& p = req.sampling;
   p.validate(V);
+  KILN_CHECK(req.prompt_logprobs >= -1 && req.prompt_logprobs <= V, "prompt_logprobs must be in [-1, {}], got {}", V,
+             req.prompt_logprobs);
   KILN_CHECK(p.stop.empty() || req.detokenizer, "stop strings need a detokenizer (the engine matches them on text)");
   KILN_CHECK(n < max_model_len_, "the prompt has {} tokens; the context limit is {}", n, max_model_len_);
   const int64_t max_new = p.max_tokens < 0 ? max_model_len_ - n : p.max_tokens;
@@ -149,7 +154,7 @@ void Engine::intake() {
   for (auto& seq : in) {
     Sequence* s = seq.get();
     seqs_.emplace(s->id, std::move(seq));
-    if (s->max_tokens == 0)
+    if (s->max_tokens == 0 && s->prompt_logprobs < 0)  // nothing to compute
       finish(s, FinishReason::Length);
     else
       scheduler_->add(s);
@@ -176,6 +181,11 @@ void Engine::step_run(const SchedulerOutput& out) {
   for (const ScheduledSeq& it : out.seqs) {
     if (!it.sample) continue;
     Sequence* s = it.seq;
+    if (s->max_tokens == 0) {  // prompt scoring only (prompt logprobs): the prefill was the work
+      ++r;
+      finish(s, FinishReason::Length);
+      continue;
+    }
     s->append(results[r++], max_model_len_);
     touched_.push_back(s);
     if (s->finished()) retire(s);

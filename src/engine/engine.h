@@ -32,6 +32,7 @@ struct EngineConfig {
   bool prefix_caching = true;
   int64_t max_model_len = 0;  // longest sequence (0: the model's max_position_embeddings)
   MlaForm mla_form = MlaForm::Auto;
+  bool cuda_graphs = true;        // replay decode steps from CUDA graphs where the backend has them
   bool check_invariants = false;  // check the allocator and prefix cache after every step (tests)
 };
 
@@ -67,6 +68,8 @@ class Engine {
 
   const kv::KvCachePlan& kv_plan() const { return plan_; }
   int64_t max_model_len() const { return max_model_len_; }
+  // The model's end-of-sequence ids (fixed at construction): where a constraint may end.
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   const EngineConfig& config() const { return cfg_; }
 
  private:

@@ -1,10 +1,41 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <numeric>
 
+#include "engine/device_sampling.h"
 #include "kv/block_allocator.h"
 
 namespace kiln {
+namespace {
+
+// Row p predicts token p + 1: a prompt row when that token is a prompt token not yet reported.
+bool wants_prompt_row(const Sequence& s, int64_t p) {
+  return s.prompt_logprobs >= 0 && p + 1 < s.num_prompt && p + 1 >= s.prompt_logprobs_done;
+}
+
+// The n most likely entries of a log-probability row, most likely first, lowest id on ties.
+std::vector<TokenLogprob> top_logprobs(const std::vector<float>& lp, int64_t n) {
+  std::vector<int32_t> idx(lp.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  const auto k = std::min(static_cast<size_t>(n), idx.size());
+  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), [&](int32_t a, int32_t b) {
+    const float x = lp[static_cast<size_t>(a)], y = lp[static_cast<size_t>(b)];
+    return x > y || (x == y && a < b);
+  });
+  std::vector<TokenLogprob> top;
+  for (size_t j = 0; j < k; ++j) top.push_back({idx[j], lp[static_cast<size_t>(idx[j])]});
+  return top;
+}
+
+void record_prompt_logprob(Sequence& s, int64_t p, std::span<const float> logits) {
+  const std::vector<float> lp = log_softmax_row(logits.data(), static_cast<int64_t>(logits.size()));
+  s.pending.prompt_logprobs.push_back(lp[static_cast<size_t>(s.tokens[static_cast<size_t>(p + 1)])]);
+  s.pending.prompt_top.push_back(top_logprobs(lp, s.prompt_logprobs));
+  s.prompt_logprobs_done = p + 2;
+}
+
+}  // namespace
 
 ForwardBatch ModelRunner::build(const SchedulerOutput& out) const {
   ForwardBatch b;
@@ -18,6 +49,7 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out) const {
       b.tokens.push_back(s.tokens[static_cast<size_t>(p)]);
       b.positions.push_back(static_cast<int32_t>(p));
       b.slot_mapping.push_back(kv::slot_of(s.block_table, p, bs));
+      if (wants_prompt_row(s, p)) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
     }
     if (it.sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
     b.cu_q.push_back(static_cast<int32_t>(b.tokens.size()));
@@ -31,15 +63,49 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out) const {
 
 std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
   const ForwardBatch batch = build(out);
-  const std::vector<float> logits = model_.forward(batch, pool_, form_);
+  ops::Backend& be = model_.backend();
+  const Tensor logits = model_.forward_logits(batch, pool_, form_);  // [logit rows, vocab] on the backend
   const int64_t V = model_.config().vocab_size;
-  std::vector<SampleResult> results;
-  results.reserve(batch.logit_rows.size());
-  size_t row = 0;
+
+  // Which sequence each logit row belongs to, and whether the row is its sampled one.
+  std::vector<const Sequence*> row_seq;
+  std::vector<char> row_sampled;
   for (const ScheduledSeq& it : out.seqs) {
-    if (!it.sample) continue;
+    for (int64_t p = it.start; p < it.start + it.num_tokens; ++p)
+      if (wants_prompt_row(*it.seq, p)) row_seq.push_back(it.seq), row_sampled.push_back(0);
+    if (it.sample) row_seq.push_back(it.seq), row_sampled.push_back(1);
+  }
+  const auto rows = static_cast<int64_t>(row_seq.size());
+  auto host_only = [](const Sequence& s) {
+    return s.constraint != nullptr || s.sampler.params().top_logprobs > ops::kMaxTopLogprobs;
+  };
+  bool any_device = false;
+  for (int64_t r = 0; r < rows; ++r)
+    any_device |= row_sampled[static_cast<size_t>(r)] && !host_only(*row_seq[static_cast<size_t>(r)]);
+  // Every row goes through the op (rows not sampled there are drawn and ignored): one launch.
+  std::vector<SampleResult> drawn;
+  if (any_device) drawn = sample_on_backend(be, logits, row_seq);
+
+  std::vector<SampleResult> results;
+  std::vector<float> host(static_cast<size_t>(V));
+  auto fetch = [&](int64_t r) -> std::span<float> {
+    be.download(host.data(), Tensor{logits.f32() + r * V, DType::F32, {V}, logits.device});
+    return host;
+  };
+  int64_t r = 0;
+  for (const ScheduledSeq& it : out.seqs) {
     Sequence& s = *it.seq;
-    const std::span<const float> l(logits.data() + static_cast<int64_t>(row++) * V, static_cast<size_t>(V));
+    for (int64_t p = it.start; p < it.start + it.num_tokens; ++p)
+      if (wants_prompt_row(s, p)) record_prompt_logprob(s, p, fetch(r++));
+    if (!it.sample) continue;
+    if (!host_only(s)) {
+      results.push_back(std::move(drawn[static_cast<size_t>(r++)]));
+      continue;
+    }
+    // Constrained (or very many top logprobs): on the host; a constraint masks the row first, so
+    // the draw and the logprobs reported with it come from the masked distribution.
+    std::span<float> l = fetch(r++);
+    if (s.constraint) s.constraint->mask(l);
     results.push_back(s.sampler.sample(l, s.prompt(), s.output()));
   }
   return results;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/sampler.h"
 #include "engine/sampling_params.h"
 
@@ -33,13 +34,24 @@ struct Request {
   // Optional; required for sampling.stop (stop strings are matched on decoded text). With one,
   // chunks carry text; stop-token text is never emitted, stop strings are cut off.
   std::unique_ptr<Detokenizer> detokenizer;
+  // Optional: the output must follow it (its rows are sampled on the host, after masking).
+  std::shared_ptr<TokenConstraint> constraint;
+  // >= 0: report the log-probability of every prompt token after the first (echo with
+  // logprobs), with this many most likely alternatives each. Such a request does not use the
+  // prefix cache (cached positions have no logits). With sampling.max_tokens 0 the request only
+  // scores its prompt: the prefill runs and it finishes (length) without output tokens.
+  int64_t prompt_logprobs = -1;
 };
 
 // New output since the previous chunk; the last chunk of a request has `finish` set.
 struct OutputChunk {
-  std::vector<int32_t> token_ids;                // [n] new tokens (a stop token id is included)
-  std::vector<float> logprobs;                   // [n] when sampling.logprobs or top_logprobs
-  std::vector<std::vector<TokenLogprob>> top;    // [n][top_logprobs] when asked
+  std::vector<int32_t> token_ids;              // [n] new tokens (a stop token id is included)
+  std::vector<float> logprobs;                 // [n] when sampling.logprobs or top_logprobs
+  std::vector<std::vector<TokenLogprob>> top;  // [n][top_logprobs] when asked
+  // Prompt tokens 1.. (token 0 has no context): [m] log-probabilities and [m][prompt_logprobs]
+  // alternatives, appended as prefill chunks compute them (all before the first output token).
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top;
   std::string text;                              // new final text (only with a detokenizer)
   std::optional<FinishReason> finish;            // set on the last chunk
   std::optional<int32_t> stop_token;             // the stop / end-of-sequence id that finished it

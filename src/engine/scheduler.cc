@@ -57,7 +57,7 @@ SchedulerOutput Scheduler::schedule() {
   // Admission, first come first served, unless this step already had to preempt.
   while (!preempted && !waiting_.empty() && budget > 0 && num_running() < cfg_.max_num_seqs) {
     Sequence* s = waiting_.front();
-    attach_prefix(s);
+    if (s->prompt_logprobs < 0) attach_prefix(s);  // prompt logprobs need every prompt row computed
     const int64_t n = chunk(s, budget);
     if (!reserve(s, s->num_computed + n)) {
       release(s);

@@ -11,6 +11,8 @@ Sequence::Sequence(uint64_t request_id, Request req, int64_t max_new, std::vecto
       num_prompt(static_cast<int64_t>(tokens.size())),
       max_tokens(max_new),
       sampler(req.sampling),
+      constraint(std::move(req.constraint)),
+      prompt_logprobs(req.prompt_logprobs),
       detokenizer(std::move(req.detokenizer)),
       stop_strings(req.sampling.stop),
       stop_ids(std::move(stops)),
@@ -19,6 +21,7 @@ Sequence::Sequence(uint64_t request_id, Request req, int64_t max_new, std::vecto
 void Sequence::append(const SampleResult& r, int64_t max_len) {
   const SamplingParams& p = sampler.params();
   tokens.push_back(r.token);
+  if (constraint) constraint->advance(r.token);
   pending.token_ids.push_back(r.token);
   if (p.logprobs || p.top_logprobs > 0) pending.logprobs.push_back(r.logprob);
   if (p.top_logprobs > 0) pending.top.push_back(r.top);

@@ -39,6 +39,9 @@ struct Sequence {
   bool admitted_once = false;
 
   Sampler sampler;
+  std::shared_ptr<TokenConstraint> constraint;  // may be null
+  int64_t prompt_logprobs = -1;                 // alternatives per prompt token (-1: not asked)
+  int64_t prompt_logprobs_done = 1;             // prompt tokens [1, this) already reported
   std::unique_ptr<Detokenizer> detokenizer;
   StopStringMatcher stop_strings;
   std::vector<int32_t> stop_ids;  // end-of-sequence ids (unless ignore_eos) and stop_token_ids

@@ -6,6 +6,8 @@ void OutputChunk::merge(OutputChunk&& later) {
   token_ids.insert(token_ids.end(), later.token_ids.begin(), later.token_ids.end());
   logprobs.insert(logprobs.end(), later.logprobs.begin(), later.logprobs.end());
   for (auto& t : later.top) top.push_back(std::move(t));
+  prompt_logprobs.insert(prompt_logprobs.end(), later.prompt_logprobs.begin(), later.prompt_logprobs.end());
+  for (auto& t : later.prompt_top) prompt_top.push_back(std::move(t));
   text += later.text;
   if (later.finish) {
     finish = later.finish;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -9,7 +10,7 @@
 namespace kiln {
 
 DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend)
-    : c_(std::move(config)), w_(std::move(weights)), be_(backend) {
+    : c_(std::move(config)), w_(std::move(weights)), be_(backend), kv_dtype_(backend.kv_dtype()) {
   std::vector<double> inv = c_.rope_inv_freq();
   std::vector<float> invf(inv.begin(), inv.end());
   inv_freq_ = be_.alloc(DType::F32, {static_cast<int64_t>(invf.size())});
@@ -25,6 +26,11 @@ std::unique_ptr<DeepseekV3Model> DeepseekV3Model::load(const std::string& dir, o
   return std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), backend);
 }
 
+void DeepseekV3Model::set_kv_dtype(DType t) {
+  KILN_CHECK(t == DType::F32 || t == DType::BF16, "the KV cache must be f32 or bf16, not {}", dtype_name(t));
+  kv_dtype_ = t;
+}
+
 LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) const {
   KILN_CHECK(num_blocks > 0 && block_size > 0, "KV pool needs positive blocks and block size, got {} x {}", num_blocks,
              block_size);
@@ -32,8 +38,9 @@ LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) c
   p.num_blocks = num_blocks;
   p.block_size = block_size;
   p.row_dim = c_.kv_row_dim();
+  p.dtype = kv_dtype_;
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
-    p.layers.push_back(be_.alloc(DType::F32, {num_blocks * block_size, p.row_dim}));
+    p.layers.push_back(be_.alloc(p.dtype, {num_blocks * block_size, p.row_dim}));
   return p;
 }
 
@@ -70,19 +77,77 @@ std::vector<float> DeepseekV3Model::forward(const std::vector<int32_t>& tokens, 
   return out;
 }
 
-// The batch's index arrays, uploaded once per step.
+// The batch's index arrays on the backend: views into one buffer, uploaded in one copy.
 struct DeepseekV3Model::StepInputs {
   int64_t T = 0, B = 0, total_kv = 0;
   bool all_single = true;  // every sequence has one new token (a pure decode step)
-  OwnedTensor ids, pos, cu_q, kv_lens, block_tables, slots, cu_kv;
+  OwnedTensor buffer;      // [ids | pos | slots | cu_q | kv_lens | cu_kv | block_tables] int32
+  OwnedTensor ids, pos, slots, cu_q, kv_lens, cu_kv, block_tables;
   ops::PagedKv paged(const LatentKvPool& pool, int64_t layer) const {
-    return {pool.layers[static_cast<size_t>(layer)].f32(), block_tables.t.as<int32_t>(), kv_lens.t.as<int32_t>(),
-            pool.block_size, block_tables.t.shape[1]};
+    return {pool.layers[static_cast<size_t>(layer)].t.data,
+            pool.dtype,
+            block_tables.t.as<int32_t>(),
+            kv_lens.t.as<int32_t>(),
+            pool.block_size,
+            block_tables.t.shape[1]};
   }
 };
 
-std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
-  const int64_t T = batch.num_tokens(), B = batch.num_seqs(), H = c_.hidden_size, V = c_.vocab_size;
+// A pure decode step of up to max_batch sequences replayed from a CUDA graph. Batches are
+// padded up to a captured size by repeating their last sequence: the copies compute exactly what
+// it computes and write the same bits to the same KV slot, so padding needs no kernel support.
+struct DeepseekV3Model::DecodeGraphs {
+  int64_t max_batch = 0, max_blocks = 0;
+  const LatentKvPool* pool = nullptr;                 // the pool the graphs were captured on
+  OwnedTensor inputs;                                 // StepInputs buffer laid out for max_batch, max_blocks
+  OwnedTensor logits;                                 // [max_batch, vocab]: every graph's output rows
+  std::map<int64_t, std::shared_ptr<void>> captured;  // padded batch -> graph (null: not capturable)
+
+  static int64_t bucket(int64_t b) {  // 1, 2, 4, 8, then multiples of 16
+    if (b <= 8) return b <= 1 ? 1 : b <= 2 ? 2 : b <= 4 ? 4 : 8;
+    return (b + 15) / 16 * 16;
+  }
+};
+
+void DeepseekV3Model::disable_decode_graphs() {
+  graphs_.reset();
+}
+
+namespace {
+
+// Offsets of each array in the packed StepInputs buffer, for T tokens, B sequences and block
+// tables `stride` entries wide.
+struct InputLayout {
+  int64_t ids, pos, slots, cu_q, kv_lens, cu_kv, tables, total;
+  InputLayout(int64_t T, int64_t B, int64_t stride)
+      : ids(0),
+        pos(T),
+        slots(2 * T),
+        cu_q(3 * T),
+        kv_lens(cu_q + B + 1),
+        cu_kv(kv_lens + B),
+        tables(cu_kv + B + 1),
+        total(tables + B * stride) {}
+};
+
+}  // namespace
+
+DeepseekV3Model::~DeepseekV3Model() = default;
+
+void DeepseekV3Model::enable_decode_graphs(const LatentKvPool& pool, int64_t max_batch, int64_t max_blocks) {
+  if (!be_.supports_graphs() || max_batch <= 0) return;
+  graphs_ = std::make_unique<DecodeGraphs>();
+  graphs_->max_batch = DecodeGraphs::bucket(max_batch);
+  graphs_->max_blocks = max_blocks;
+  graphs_->pool = &pool;
+  const int64_t B = graphs_->max_batch;
+  graphs_->inputs = be_.alloc(DType::I32, {InputLayout(B, B, max_blocks).total});
+  graphs_->logits = scratch(B, c_.vocab_size);
+}
+
+DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
+                                                           int64_t pad_to, OwnedTensor* buffer) {
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs(), V = c_.vocab_size;
   KILN_CHECK(T > 0 && B > 0, "forward needs at least one token");
   KILN_CHECK(static_cast<int64_t>(batch.cu_q.size()) == B + 1 && batch.cu_q.back() == T &&
                  static_cast<int64_t>(batch.positions.size()) == T &&
@@ -97,9 +162,6 @@ std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvP
                c_.max_position_embeddings);
 
   StepInputs in;
-  in.T = T;
-  in.B = B;
-  std::vector<int32_t> cu_kv(static_cast<size_t>(B + 1), 0);
   for (int64_t b = 0; b < B; ++b) {
     const int32_t q_len = batch.cu_q[static_cast<size_t>(b + 1)] - batch.cu_q[static_cast<size_t>(b)];
     KILN_CHECK(q_len >= 1 && batch.kv_lens[static_cast<size_t>(b)] >= q_len &&
@@ -107,50 +169,157 @@ std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvP
                "malformed ForwardBatch: sequence {} has {} new tokens and {} in context", b, q_len,
                batch.kv_lens[static_cast<size_t>(b)]);
     in.all_single &= q_len == 1;
-    cu_kv[static_cast<size_t>(b + 1)] = cu_kv[static_cast<size_t>(b)] + batch.kv_lens[static_cast<size_t>(b)];
+    in.total_kv += batch.kv_lens[static_cast<size_t>(b)];
   }
-  in.total_kv = cu_kv.back();
-  auto upload_i32 = [&](const std::vector<int32_t>& v, Shape shape) {
-    OwnedTensor t = be_.alloc(DType::I32, std::move(shape));
-    be_.upload(t.t, v.data());
-    return t;
+  // Padding (graphs): sequences B..pad_to-1 repeat the last one. Only pure decode steps pad.
+  const int64_t Bp = std::max(pad_to, B), Tp = T + (Bp - B);
+  KILN_CHECK(Bp == B || in.all_single, "internal: only decode steps are padded");
+  const int64_t stride = buffer ? graphs_->max_blocks : batch.max_blocks;
+  KILN_CHECK(batch.max_blocks <= stride, "internal: block tables wider than the graph's");
+  const InputLayout lay(buffer ? graphs_->max_batch : Tp, buffer ? graphs_->max_batch : Bp, stride);
+  std::vector<int32_t> host(static_cast<size_t>(lay.total), 0);
+  auto at = [&](int64_t off, int64_t i) -> int32_t& { return host[static_cast<size_t>(off + i)]; };
+  int32_t kv_total = 0;
+  for (int64_t b = 0; b < Bp; ++b) {
+    const int64_t src = std::min(b, B - 1);
+    const auto sb = static_cast<size_t>(src);
+    for (int64_t t = batch.cu_q[sb]; t < batch.cu_q[sb + 1]; ++t) {
+      const int64_t dst = b < B ? t : T + (b - B);
+      at(lay.ids, dst) = batch.tokens[static_cast<size_t>(t)];
+      at(lay.pos, dst) = batch.positions[static_cast<size_t>(t)];
+      at(lay.slots, dst) = batch.slot_mapping[static_cast<size_t>(t)];
+    }
+    at(lay.cu_q, b + 1) = b < B ? batch.cu_q[static_cast<size_t>(b + 1)] : static_cast<int32_t>(T + (b - B) + 1);
+    at(lay.kv_lens, b) = batch.kv_lens[sb];
+    kv_total += batch.kv_lens[sb];
+    at(lay.cu_kv, b + 1) = kv_total;
+    for (int64_t j = 0; j < batch.max_blocks; ++j)
+      at(lay.tables, b * stride + j) = batch.block_tables[static_cast<size_t>(src * batch.max_blocks + j)];
+  }
+  in.T = Tp;
+  in.B = Bp;
+  in.total_kv = kv_total;
+  if (buffer) {
+    in.buffer = *buffer;
+  } else {
+    in.buffer = be_.alloc(DType::I32, {lay.total});
+  }
+  be_.upload(in.buffer.t, host.data());
+  auto view = [&](int64_t off, Shape shape) {
+    OwnedTensor v;
+    v.mem = in.buffer.mem;
+    v.t = Tensor{in.buffer.t.as<int32_t>() + off, DType::I32, std::move(shape), in.buffer.t.device};
+    return v;
   };
-  in.ids = upload_i32(batch.tokens, {T});
-  in.pos = upload_i32(batch.positions, {T});
-  in.cu_q = upload_i32(batch.cu_q, {B + 1});
-  in.kv_lens = upload_i32(batch.kv_lens, {B});
-  in.block_tables = upload_i32(batch.block_tables, {B, batch.max_blocks});
-  in.slots = upload_i32(batch.slot_mapping, {T});
-  in.cu_kv = upload_i32(cu_kv, {B + 1});
+  in.ids = view(lay.ids, {Tp});
+  in.pos = view(lay.pos, {Tp});
+  in.slots = view(lay.slots, {Tp});
+  in.cu_q = view(lay.cu_q, {Bp + 1});
+  in.kv_lens = view(lay.kv_lens, {Bp});
+  in.cu_kv = view(lay.cu_kv, {Bp + 1});
+  in.block_tables = view(lay.tables, {Bp, stride});
+  return in;
+}
 
+std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
+  const Tensor logits = forward_logits(batch, pool, form);
+  std::vector<float> out(static_cast<size_t>(logits.numel()));
+  if (!out.empty()) be_.download(out.data(), logits);
+  return out;
+}
+
+Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
+  const int64_t rows = static_cast<int64_t>(batch.logit_rows.size()), V = c_.vocab_size;
+  for (int32_t r : batch.logit_rows)
+    KILN_CHECK(r >= 0 && r < batch.num_tokens(), "logit row {} is outside the batch of {} tokens", r,
+               batch.num_tokens());
+  if (graphs_ && graph_eligible(batch, pool, form)) {
+    const int64_t Bp = DecodeGraphs::bucket(batch.num_seqs());
+    auto [it, fresh] = graphs_->captured.try_emplace(Bp);
+    if (fresh || it->second) {  // sizes that could not be captured take the eager path below
+      StepInputs in = upload_inputs(batch, pool, Bp, &graphs_->inputs);
+      float* out = graphs_->logits.f32();
+      if (fresh) {
+        // First sight of this size: run it for real, then record the same work for next time.
+        compute(in, pool, MlaForm::Absorbed, nullptr, in.T, out);
+        it->second = capture(in, pool, out);
+      } else {
+        be_.replay(it->second);
+      }
+      last_logits_ = {};
+      return Tensor{out, DType::F32, {rows, V}, graphs_->logits.t.device};
+    }
+  }
+  StepInputs in = upload_inputs(batch, pool, 0, nullptr);
+  last_logits_ = scratch(rows, V);
+  compute(in, pool, form, batch.logit_rows.data(), rows, last_logits_.f32());
+  return last_logits_.t;
+}
+
+bool DeepseekV3Model::graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const {
+  const int64_t B = batch.num_seqs();
+  if (&pool != graphs_->pool || form == MlaForm::Expanded || B > graphs_->max_batch ||
+      batch.max_blocks > graphs_->max_blocks || batch.num_tokens() != B ||
+      static_cast<int64_t>(batch.logit_rows.size()) != B)
+    return false;
+  for (int64_t i = 0; i < B; ++i)
+    if (batch.logit_rows[static_cast<size_t>(i)] != i) return false;
+  return true;
+}
+
+std::shared_ptr<void> DeepseekV3Model::capture(const StepInputs& in, LatentKvPool& pool, float* logits) {
+  be_.begin_capture();
+  try {
+    compute(in, pool, MlaForm::Absorbed, nullptr, in.T, logits);
+    auto graph = be_.end_capture();
+    spdlog::info("captured a CUDA graph for decode steps of {} sequences", in.B);
+    return graph;
+  } catch (const std::exception& e) {
+    // An op that syncs with the host cannot be captured; that size keeps running eagerly.
+    be_.abort_capture();
+    spdlog::warn("decode steps of {} sequences run without a CUDA graph: {}", in.B, e.what());
+    return nullptr;
+  }
+}
+
+// The layers over uploaded inputs; writes the logits of rows logit_rows[0, rows) (of rows 0..rows-1
+// when logit_rows is null) to `logits` [rows, vocab]. Uploads and downloads nothing, so a graph
+// can record it.
+void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm form, const int32_t* logit_rows,
+                              int64_t rows, float* logits) {
+  const int64_t T = in.T, H = c_.hidden_size, V = c_.vocab_size;
   OwnedTensor x = scratch(T, H), h = scratch(T, H), y = scratch(T, H);  // x: the residual stream [T, H]
   be_.embedding({in.ids.t.as<int32_t>(), w_.embed.t.data, w_.embed.t.dtype, x.f32(), T, V, H});
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  // Each sub-layer's output y joins the residual stream x inside the next norm (fused add + norm).
+  const float* pending = nullptr;  // y, not yet added to x
+  auto add_and_norm = [&](const OwnedTensor& weight, float* out) {
+    ops::RmsNormParams n{x.f32(), 0, weight.t.data, weight.t.dtype, out, 0, T, H, eps};
+    if (pending) n.residual = pending, n.sum = x.f32();
+    be_.rms_norm(n);
+    pending = nullptr;
+  };
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
     const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
-    be_.rms_norm({x.f32(), 0, lw.input_norm.t.data, lw.input_norm.t.dtype, h.f32(), 0, T, H, eps});
+    add_and_norm(lw.input_norm, h.f32());
     attention(l, h.f32(), y.f32(), in, pool, form);
-    be_.add({x.f32(), y.f32(), x.f32(), T * H});
-    be_.rms_norm({x.f32(), 0, lw.post_attn_norm.t.data, lw.post_attn_norm.t.dtype, h.f32(), 0, T, H, eps});
+    pending = y.f32();
+    add_and_norm(lw.post_attn_norm, h.f32());
     ffn(l, h.f32(), y.f32(), T);
-    be_.add({x.f32(), y.f32(), x.f32(), T * H});
+    pending = y.f32();
   }
 
   // Only the requested rows go through the final norm and the vocabulary projection.
-  const int64_t rows = static_cast<int64_t>(batch.logit_rows.size());
-  if (rows == 0) return {};
+  if (rows == 0) return;
   OwnedTensor sel = scratch(rows, H);
-  for (int64_t i = 0; i < rows; ++i) {
-    const int32_t r = batch.logit_rows[static_cast<size_t>(i)];
-    KILN_CHECK(r >= 0 && r < T, "logit row {} is outside the batch of {} tokens", r, T);
-    be_.copy({x.f32() + r * H, H, sel.f32() + i * H, H, 1, H});
+  if (!logit_rows) {
+    add_and_norm(w_.final_norm, sel.f32());
+  } else {
+    be_.add({x.f32(), y.f32(), x.f32(), T * H});
+    for (int64_t i = 0; i < rows; ++i) be_.copy({x.f32() + logit_rows[i] * H, H, sel.f32() + i * H, H, 1, H});
+    be_.rms_norm({sel.f32(), 0, w_.final_norm.t.data, w_.final_norm.t.dtype, sel.f32(), 0, rows, H, eps});
   }
-  be_.rms_norm({sel.f32(), 0, w_.final_norm.t.data, w_.final_norm.t.dtype, sel.f32(), 0, rows, H, eps});
-  OwnedTensor logits = scratch(rows, V);
-  be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, logits.f32(), 0, rows, V, H});
-  std::vector<float> out(static_cast<size_t>(rows * V));
-  be_.download(out.data(), logits.t);
-  return out;
+  be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, logits, 0, rows, V, H});
 }
 
 void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const StepInputs& in, LatentKvPool& pool,
@@ -179,8 +348,8 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
   be_.linear({x, 0, w.kv_a.t.data, w.kv_a.t.dtype, kva.f32(), 0, T, row, H});
   be_.rms_norm({kva.f32(), row, w.kv_a_norm.t.data, w.kv_a_norm.t.dtype, kva.f32(), row, T, r, eps});
   be_.rope({kva.f32() + r, T, 1, row, 0, rope, positions, inv_freq_.f32(), rope_factor_, c_.rope_interleave});
-  float* layer_pool = pool.layers[static_cast<size_t>(l)].f32();
-  be_.kv_scatter({kva.f32(), in.slots.t.as<int32_t>(), layer_pool, T, row});
+  void* layer_pool = pool.layers[static_cast<size_t>(l)].t.data;
+  be_.kv_scatter({kva.f32(), in.slots.t.as<int32_t>(), layer_pool, pool.dtype, T, row});
 
   OwnedTensor o = scratch(T, nh * vd);  // [T, nh, v]
   if (form == MlaForm::Auto) form = in.all_single ? MlaForm::Absorbed : MlaForm::Expanded;

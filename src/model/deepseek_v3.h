@@ -28,6 +28,7 @@ struct SequenceCache {
 class DeepseekV3Model {
  public:
   DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend);
+  ~DeepseekV3Model();
   // Loads config.json and the safetensors checkpoint of `dir`.
   static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend);
 
@@ -35,11 +36,24 @@ class DeepseekV3Model {
   ops::Backend& backend() const { return be_; }
   // A pool of `num_blocks` blocks of `block_size` tokens on this model's backend.
   LatentKvPool new_pool(int64_t num_blocks, int64_t block_size) const;
+  // The latent cache's storage type for pools made from now on (default: the backend's choice,
+  // bf16 on CUDA; f32 keeps the reference's precision at twice the bytes).
+  void set_kv_dtype(DType t);
+  DType kv_dtype() const { return kv_dtype_; }
   SequenceCache new_cache(int64_t capacity, int64_t block_size = 64) const;
 
   // One step over a batch: writes the new tokens' latent rows to their slots and returns the
   // logits of batch.logit_rows, [logit_rows.size(), vocab], on the host.
   std::vector<float> forward(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form = MlaForm::Auto);
+  // The same step, leaving the logits on the backend: [logit_rows.size(), vocab] f32, valid
+  // until the next step.
+  Tensor forward_logits(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form = MlaForm::Auto);
+
+  // Replays pure decode steps (one new token per sequence, every row's logits) of up to
+  // max_batch sequences on `pool` from CUDA graphs, captured the first time each padded batch
+  // size runs. Block tables up to max_blocks wide. No-op on backends without graphs.
+  void enable_decode_graphs(const LatentKvPool& pool, int64_t max_batch, int64_t max_blocks);
+  void disable_decode_graphs();
 
   // Single-sequence convenience: runs `tokens` at positions cache.length.. and appends them.
   // Returns every token's logits when all_logits, else the last token's.
@@ -47,7 +61,15 @@ class DeepseekV3Model {
                              MlaForm form = MlaForm::Auto);
 
  private:
-  struct StepInputs;  // the batch's index arrays on the backend
+  struct StepInputs;    // the batch's index arrays on the backend
+  struct DecodeGraphs;  // captured decode steps
+  // Validates and uploads the batch, padded to pad_to sequences, into `buffer` (a graph's static
+  // inputs) or a fresh one.
+  StepInputs upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool, int64_t pad_to, OwnedTensor* buffer);
+  void compute(const StepInputs& in, LatentKvPool& pool, MlaForm form, const int32_t* logit_rows, int64_t rows,
+               float* logits);
+  bool graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const;
+  std::shared_ptr<void> capture(const StepInputs& in, LatentKvPool& pool, float* logits);
   void attention(int64_t layer, const float* x, float* out, const StepInputs& in, LatentKvPool& pool, MlaForm form);
   void ffn(int64_t layer, const float* x, float* out, int64_t T);
 
@@ -59,6 +81,9 @@ class DeepseekV3Model {
   OwnedTensor inv_freq_;  // [rope / 2] f32
   float rope_factor_;
   float scale_;
+  DType kv_dtype_;
+  std::unique_ptr<DecodeGraphs> graphs_;
+  OwnedTensor last_logits_;  // the eager path's logits, kept until the next step
 };
 
 }  // namespace kiln

@@ -25,8 +25,9 @@ struct ForwardBatch {
 };
 
 struct LatentKvPool {
-  std::vector<ops::OwnedTensor> layers;  // per layer [num_blocks * block_size, kv_lora + rope]
+  std::vector<ops::OwnedTensor> layers;  // per layer [num_blocks * block_size, kv_lora + rope] of dtype
   int64_t num_blocks = 0, block_size = 0, row_dim = 0;
+  DType dtype = DType::F32;  // the backend's kv_dtype()
 
   int64_t num_slots() const { return num_blocks * block_size; }
 };

@@ -32,6 +32,9 @@ class Backend {
 
   // Weights are converted to this type when loaded.
   virtual DType weight_dtype() const = 0;
+  // Element type of the latent KV pool (PagedKv::pool): F32 on the CPU reference, BF16 on CUDA
+  // (half the bytes that bandwidth-bound decode attention reads per step).
+  virtual DType kv_dtype() const = 0;
   // Fills a tensor with uniform(-scale, scale) values from a counter-based hash of `seed`
   // (random-weight benchmarks; no host round trip).
   virtual void fill_random(const Tensor& t, uint64_t seed, float scale) = 0;
@@ -39,6 +42,16 @@ class Backend {
   virtual int64_t free_memory_bytes() const = 0;
   // Waits for all queued work (timing).
   virtual void synchronize() {}
+  // CUDA graphs (decode steps): ops issued between begin_capture() and end_capture() are
+  // recorded instead of run, and replay() reruns them on the same buffers. Memory allocated while
+  // capturing comes from a pool reserved for graphs, so nothing else can be handed a captured
+  // scratch address. A capture that hits an op that cannot be captured (a host sync) throws;
+  // call abort_capture() then. Backends without graphs return false from supports_graphs().
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture() {}
+  virtual std::shared_ptr<void> end_capture() { return nullptr; }
+  virtual void abort_capture() {}
+  virtual void replay(const std::shared_ptr<void>& graph) {}
   // Which implementation serves each op (the startup "kernel plan", DESIGN.md §5).
   virtual std::vector<std::pair<std::string, std::string>> kernel_plan() const = 0;
 
@@ -57,6 +70,8 @@ class Backend {
   virtual void router(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
   virtual void log_softmax(const LogSoftmaxParams& p) = 0;
+  // Token choice per row (params.h SampleParams); never modifies the logits.
+  virtual void sample(const SampleParams& p) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -26,6 +26,10 @@ struct RmsNormParams {
   int64_t out_stride;
   int64_t rows, dim;
   float eps;
+  // Optional fused residual add (one pass instead of add + norm): when set, x + residual is
+  // written to `sum` and that sum is what gets normalised.
+  const float* residual = nullptr;  // [rows, dim], rows x_stride apart
+  float* sum = nullptr;             // [rows, dim], rows x_stride apart (may alias x)
 };
 
 // y = x · wᵀ
@@ -109,9 +113,12 @@ struct MlaExpandedParams {
 };
 
 // The paged latent KV cache of one layer as attention reads it: row j of sequence b lives in
-// slot block_table[b][j / block_size] * block_size + j % block_size of the pool.
+// slot block_table[b][j / block_size] * block_size + j % block_size of the pool. The pool holds
+// Backend::kv_dtype() values (F32 on the CPU, BF16 on CUDA). A sequence with kv_len 0 (a padding
+// row of a captured batch) reads nothing: its block-table row need not be valid.
 struct PagedKv {
-  const float* pool;           // [num_slots, kv_lora + rope]
+  const void* pool;            // [num_slots, kv_lora + rope] of pool_dtype
+  DType pool_dtype;            // F32 or BF16
   const int32_t* block_table;  // [num_seqs, max_blocks]
   const int32_t* kv_lens;      // [num_seqs]: context length including this step's tokens
   int64_t block_size, max_blocks;
@@ -119,7 +126,8 @@ struct PagedKv {
 
 // Absorbed MLA (decode form): one shared 576-wide KV head, q folded through W_uk. Reads the paged
 // cache directly. Query rows of sequence b are [cu_q[b], cu_q[b+1]), the last positions of its
-// context (several per sequence for speculative verification).
+// context (several per sequence for speculative verification): query i of q_len sees the first
+// kv_len - q_len + i + 1 rows. A sequence with kv_len 0 (padding) gets zero outputs.
 struct MlaAbsorbedParams {
   const float* q;  // [total_q, num_heads, kv_lora + rope]  (q_nope·W_uk ‖ roped q_pe)
   PagedKv kv;
@@ -131,16 +139,17 @@ struct MlaAbsorbedParams {
   float scale;
 };
 
-// Writes new latent rows into their pool slots.
+// Writes new latent rows into their pool slots; a BF16 pool stores them rounded to nearest even.
 struct KvScatterParams {
   const float* rows;     // [num_tokens, row_dim]
   const int32_t* slots;  // [num_tokens]
-  float* pool;           // [num_slots, row_dim]
+  void* pool;            // [num_slots, row_dim] of pool_dtype
+  DType pool_dtype;      // F32 or BF16
   int64_t num_tokens, row_dim;
 };
 
-// Copies every sequence's context rows out of the pool into one contiguous array (the expanded
-// form's input): sequence b's rows land at [cu_kv[b], cu_kv[b+1]).
+// Copies every sequence's context rows out of the pool into one contiguous f32 array (the expanded
+// form's input; BF16 pools widen exactly): sequence b's rows land at [cu_kv[b], cu_kv[b+1]).
 struct KvGatherParams {
   PagedKv kv;
   const int32_t* cu_kv;  // [num_seqs + 1]
@@ -178,5 +187,42 @@ struct LogSoftmaxParams {
   float* out;           // [rows, vocab] (may alias logits)
   int64_t rows, vocab;
 };
+
+// Token choice for rows of logits, per row: raw log-probabilities (what `logprob` and the top list
+// report), then penalties on a copy, then greedy argmax (temperature <= 0) or a draw after
+// temperature -> top-k -> top-p -> min-p, each renormalising what it keeps. Cuts follow the total
+// order (penalised logit desc, token id asc), so ties cut identically on every backend; the draw
+// is an inverse CDF over the kept tokens in id order with u = sample_uniform(seed, counter)
+// (ops/sampling_rng.h): a row's token depends on its seed and counter only, never on the batch.
+struct SampleParams {
+  const float* logits;  // [rows, vocab], rows logits_stride apart (0: contiguous); read-only
+  int64_t logits_stride;
+  int64_t rows, vocab;
+  // Per row, on the backend. Off values: temperature <= 0 (greedy), top_k <= 0 or >= vocab,
+  // top_p >= 1, min_p <= 0, repetition 1, presence 0, frequency 0.
+  const float* temperature;  // [rows]
+  const int32_t* top_k;      // [rows]
+  const float* top_p;        // [rows]: in (0, 1]
+  const float* min_p;        // [rows]: in [0, 1], relative to the most likely kept token
+  const float* repetition;   // [rows]: > 0
+  const float* presence;     // [rows]
+  const float* frequency;    // [rows]
+  const uint64_t* seed;      // [rows]: the request's seed
+  const uint64_t* counter;   // [rows]: index of this draw in the request (tokens generated so far)
+  // Penalty tokens in CSR form: row r's entries are [pen_offsets[r], pen_offsets[r+1]). An entry is
+  // a DISTINCT token seen in the row's prompt or output, with its number of occurrences in the
+  // output: repetition applies to every entry, presence and frequency to entries with count > 0
+  // (so count 0 is the "prompt only" flag). Rows whose penalties are off may have no entries;
+  // pen_offsets null: no penalties in the whole batch.
+  const int32_t* pen_offsets;  // [rows + 1]
+  const int32_t* pen_ids;      // [pen_offsets[rows]]
+  const int32_t* pen_counts;   // [pen_offsets[rows]]: occurrences in the output (>= 0)
+  int64_t num_top;             // 0..20 top logprobs per row (rows wanting fewer ignore the rest)
+  int32_t* token;              // [rows] out
+  float* logprob;              // [rows] out: log P(token) under the raw (unpenalised) distribution
+  int32_t* top_ids;            // [rows, num_top] out: most likely first, lowest id on ties; -1 past vocab
+  float* top_logprobs;         // [rows, num_top] out: -inf past vocab
+};
+inline constexpr int64_t kMaxTopLogprobs = 20;
 
 }  // namespace kiln::ops

@@ -9,9 +9,7 @@ namespace {
 
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 
-struct Markers {
-  std::string_view section_begin, section_end, call_begin, call_end, sep;
-};
+using Markers = ToolMarkers;
 // DeepSeek's markers use U+FF5C (｜) and U+2581 (▁), written as UTF-8 here.
 constexpr Markers kDeepSeek = {
     "<\xEF\xBD\x9Ctool\xE2\x96\x81"
@@ -32,7 +30,7 @@ constexpr Markers kKimi = {"<|tool_calls_section_begin|>", "<|tool_calls_section
                            "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
 
 const Markers& markers(ToolFormat f) {
-  return f == ToolFormat::KimiK2 ? kKimi : kDeepSeek;
+  return tool_markers(f);
 }
 
 // Length of the longest suffix of `s` that is a proper prefix of `m` (text that may still become `m`).
@@ -50,6 +48,10 @@ std::string trim(std::string_view s) {
 }
 
 }  // namespace
+
+const ToolMarkers& tool_markers(ToolFormat f) {
+  return f == ToolFormat::KimiK2 ? kKimi : kDeepSeek;
+}
 
 std::optional<ToolFormat> parse_tool_format(const std::string& name) {
   if (name == "none") return ToolFormat::None;

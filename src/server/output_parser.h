@@ -23,6 +23,13 @@ enum class ToolFormat { None, DeepSeekV3, KimiK2 };
 // "none", "deepseek_v3", "kimi_k2"; nullopt for anything else.
 std::optional<ToolFormat> parse_tool_format(const std::string& name);
 
+// The markup of a format (DeepSeek's and Kimi's special-token spellings), also what tool-call
+// constraints force.
+struct ToolMarkers {
+  std::string_view section_begin, section_end, call_begin, call_end, sep;
+};
+const ToolMarkers& tool_markers(ToolFormat f);
+
 struct ParsedToolCall {
   std::string id, name, arguments;  // arguments: the JSON text the model wrote
 };

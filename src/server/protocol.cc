@@ -83,7 +83,8 @@ void parse_common(const json& b, const ProtocolLimits& lim, ParsedRequest& r) {
     s.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
   }
   // max_completion_tokens is the newer chat spelling; when both are given it wins, as in OpenAI.
-  const int64_t mt = get_int(b, "max_tokens", 1, INT32_MAX, -1);
+  // 0 is for /v1/completions only (with echo: score the prompt); chat rejects it below.
+  const int64_t mt = get_int(b, "max_tokens", 0, INT32_MAX, -1);
   const int64_t mct = get_int(b, "max_completion_tokens", 1, INT32_MAX, -1);
   s.max_tokens = mct > 0 ? mct : mt;
   s.ignore_eos = get_bool(b, "ignore_eos", false);
@@ -204,13 +205,18 @@ void parse_tools(const json& b, ParsedRequest& r) {
         bad("tool_choice", "'tool_choice' must be none, auto, required or a named function");
       if (c == "none") r.tools = nullptr;  // the model is not told about tools it may not call
       if (c == "required" && names.empty()) bad("tool_choice", "tool_choice 'required' needs 'tools'");
+      r.tool_choice = c;
     } else if (tc.is_object()) {
       if (!tc.contains("function") || !tc["function"].is_object() || !tc["function"].contains("name") ||
           !tc["function"]["name"].is_string())
         bad("tool_choice", "'tool_choice' must name a function: {\"type\":\"function\",\"function\":{\"name\":...}}");
       const std::string name = tc["function"]["name"].get<std::string>();
+      if (tc.contains("type") && tc["type"] != "function")
+        bad("tool_choice", "'tool_choice.type' must be \"function\"");
       if (std::find(names.begin(), names.end(), name) == names.end())
         bad("tool_choice", fmt::format("tool_choice names '{}', which is not in 'tools'", name));
+      r.tool_choice = "function";
+      r.tool_choice_name = name;
     } else {
       bad("tool_choice", "'tool_choice' must be a string or an object");
     }
@@ -229,6 +235,7 @@ ParsedRequest parse_chat_request(const json& b, const ProtocolLimits& lim) {
   ParsedRequest r;
   r.chat = true;
   parse_common(b, lim, r);
+  if (r.sampling.max_tokens == 0) bad("max_tokens", "'max_tokens' must be between 1 and 2147483647, got 0");
   parse_messages(b, r);
   parse_tools(b, r);
   r.logprobs = get_bool(b, "logprobs", false);

@@ -30,6 +30,10 @@ struct ParsedRequest {
   // /v1/chat/completions: messages with content flattened to strings, for the chat template.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;  // null: none (or tool_choice "none")
+  // "auto" (the model decides), "none", "required" (some call of `tools`) or "function" (a call
+  // of tool_choice_name). The last two are enforced by constrained decoding.
+  std::string tool_choice = "auto";
+  std::string tool_choice_name;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true, continue_final_message = false;
 

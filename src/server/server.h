@@ -21,6 +21,7 @@
 #include "server/metrics.h"
 #include "server/output_parser.h"
 #include "server/protocol.h"
+#include "server/tool_constraint.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -73,8 +74,11 @@ class Server {
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
   std::shared_ptr<Job> start_job(const ParsedRequest& p);
   void respond_json(const std::shared_ptr<Job>& job, httplib::Response& res);
+  nlohmann::json json_body(Job& job);  // the finished job's response (or an error body)
   void respond_stream(const std::shared_ptr<Job>& job, httplib::Response& res);
   void job_finished();
+  // tool_choice "required" / a named function: the grammar its choices must follow (null: none).
+  std::shared_ptr<const ToolCallGrammar> tool_grammar(const ParsedRequest& p);
   void cancel_job(Job& job);
 
   Engine& engine_;
@@ -85,6 +89,9 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
   int listen_fd_ = -1;  // the listening socket, to widen its backlog
+
+  std::once_flag vocab_once_;
+  std::shared_ptr<const TokenVocab> vocab_;  // every token's bytes, built on first use
 
   std::atomic<bool> draining_{false};
   std::mutex mu_;

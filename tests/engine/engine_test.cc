@@ -317,6 +317,65 @@ TEST(Engine, StopTokenIdsMaxTokensAndLimits) {
   EXPECT_NO_THROW(e.submit(std::move(unlimited)).cancel());
 }
 
+// Prompt logprobs (echo + logprobs) equal the model's own log-softmax over one full forward of the
+// prompt, whether the prompt is split into several prefill chunks, preempted midway and
+// recomputed, or only scored (max_tokens 0); the prefix cache is never used for them.
+TEST(Engine, PromptLogprobsMatchAFullForward) {
+  DeepseekV3Model& m = *fixture().model;
+  const int64_t V = fixture().vocab();
+  const std::vector<int32_t> prompt = random_prompt(24, 55);
+  SequenceCache cache = m.new_cache(static_cast<int64_t>(prompt.size()), 4);
+  const std::vector<float> logits = m.forward(prompt, cache, /*all_logits=*/true);
+  auto check = [&](const OutputChunk& got) {
+    ASSERT_EQ(got.prompt_logprobs.size(), prompt.size() - 1);
+    ASSERT_EQ(got.prompt_top.size(), prompt.size() - 1);
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      const std::vector<float> lp = log_softmax_row(logits.data() + static_cast<int64_t>(i - 1) * V, V);
+      const float want = lp[static_cast<size_t>(prompt[i])];
+      EXPECT_NEAR(got.prompt_logprobs[i - 1], want, 2e-4 * std::max(1.0f, std::fabs(want))) << "token " << i;
+      ASSERT_EQ(got.prompt_top[i - 1].size(), 2u);
+      const auto best = std::max_element(lp.begin(), lp.end()) - lp.begin();
+      EXPECT_EQ(got.prompt_top[i - 1][0].token, best) << "token " << i;
+    }
+  };
+  auto scoring = [&](int64_t max_tokens) {
+    Request r = greedy(prompt, max_tokens);
+    r.prompt_logprobs = 2;
+    return r;
+  };
+
+  // Chunks of 4 tokens (6 prefill steps), twice: the second run must not take the cached blocks.
+  EngineConfig chunked = small_config(4, 64);
+  chunked.scheduler.max_prefill_chunk = 4;
+  Engine e(m, chunked);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(run);
+    RequestStream s = e.submit(scoring(3));
+    const OutputChunk got = drain(s);
+    check(got);
+    EXPECT_EQ(got.cached_prompt_tokens, 0);
+    EXPECT_EQ(got.token_ids.size(), 3u);
+  }
+  // max_tokens 0: the prompt is scored, nothing is generated.
+  RequestStream score = e.submit(scoring(0));
+  const OutputChunk scored = drain(score);
+  check(scored);
+  EXPECT_TRUE(scored.token_ids.empty());
+  EXPECT_EQ(scored.finish, FinishReason::Length);
+  EXPECT_EQ(scored.output_tokens, 0);
+
+  // A pool too small for both: the older request preempts the scoring one during its prefill;
+  // it recomputes later and reports every prompt token exactly once.
+  EngineConfig tight = small_config(4, 12);
+  tight.scheduler.max_prefill_chunk = 4;
+  Engine t(m, tight);
+  RequestStream older = t.submit(greedy(random_prompt(30, 56), 14));
+  RequestStream s = t.submit(scoring(3));
+  check(drain(s));
+  drain(older);
+  EXPECT_GT(t.stats().preemptions, 0);
+}
+
 TEST(Engine, ManyThreadsSubmitAtOnce) {
   Engine e(*fixture().model, small_config(8, 64));
   std::vector<std::thread> threads;

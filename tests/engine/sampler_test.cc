@@ -101,6 +101,28 @@ TEST(Sampler, SameSeedSameDraws) {
   EXPECT_GT(differ, 0);
 }
 
+// The full pipeline draws with counter = tokens generated so far: a recomputed (preempted)
+// sequence redraws the same token, whatever was sampled before.
+TEST(Sampler, DrawDependsOnSeedAndPositionOnly) {
+  std::vector<float> l = {0.3f, 0.2f, 0.1f, 0.0f, -0.2f};
+  SamplingParams p = params(1, 0, 1, 0, 99);
+  Sampler a(p), b(p);
+  const std::vector<int32_t> prompt = {1, 2}, out3 = {0, 1, 2};
+  for (int i = 0; i < 5; ++i) a.sample(l, prompt, {});  // history must not matter
+  EXPECT_EQ(a.sample(l, prompt, out3).token, b.sample(l, prompt, out3).token);
+  int differ = 0;
+  std::vector<int32_t> out;
+  for (int i = 0; i < 50; ++i) {
+    const int32_t t = b.sample(l, prompt, out).token;
+    differ += t != a.sample(l, prompt, out).token;
+    out.push_back(t);
+  }
+  EXPECT_EQ(differ, 0);
+  std::map<int32_t, int> seen;
+  for (int32_t t : out) ++seen[t];
+  EXPECT_GT(seen.size(), 2u);  // the position moves the draw
+}
+
 TEST(Sampler, PenaltiesFollowOpenAIAndHF) {
   std::vector<float> l = {2.0f, -2.0f, 1.0f, 0.5f};
   SamplingParams p;

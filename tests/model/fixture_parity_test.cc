@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "model/deepseek_v3.h"
 #include "test_util.h"
@@ -53,15 +54,22 @@ TEST_P(Fixture, CudaScoreAndGreedyMatchTransformers) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a build without CUDA)";
   json e = read_json(GetParam() + "/expected.json");
   auto ids = e["ids"].get<std::vector<int>>();
-  auto r = run_kiln("score --device cuda --model " + GetParam() + " --ids " + join_ids(ids) + " --json");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  json s = json::parse(r.out.substr(r.out.find('{')));
-  double sum = 0;
-  for (size_t i = 1; i < ids.size(); ++i)
-    sum += std::fabs(s["logprobs"][i].get<double>() - e["logprobs"][i].get<double>());
-  const double mean = sum / static_cast<double>(ids.size() - 1);
-  RecordProperty("mean_abs_dlogprob", std::to_string(mean));
-  EXPECT_LE(mean, 0.02) << GetParam();
+  // The model's numerics with the reference's f32 cache must meet the 0.02 bound. The default
+  // bf16 latent cache adds its own rounding (these tiny random-weight models amplify it: ~0.01-0.06
+  // measured on an H200), bounded looser and recorded.
+  for (const std::string kv : {"f32", "auto"}) {
+    auto r = run_kiln("score --device cuda --kv-cache-dtype " + kv + " --model " + GetParam() + " --ids " +
+                      join_ids(ids) + " --json");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    json s = json::parse(r.out.substr(r.out.find('{')));
+    double sum = 0;
+    for (size_t i = 1; i < ids.size(); ++i)
+      sum += std::fabs(s["logprobs"][i].get<double>() - e["logprobs"][i].get<double>());
+    const double mean = sum / static_cast<double>(ids.size() - 1);
+    RecordProperty("mean_abs_dlogprob_kv_" + kv, std::to_string(mean));
+    std::printf("%s: mean |dlogprob| %.5f with the %s KV cache\n", GetParam().c_str(), mean, kv.c_str());
+    EXPECT_LE(mean, kv == "f32" ? 0.02 : 0.1) << GetParam() << " kv " << kv;
+  }
   json g = e["greedy"];
   auto prompt = g["prompt_ids"].get<std::vector<int>>();
   auto want = g["output_ids"].get<std::vector<int>>();

@@ -1,5 +1,8 @@
 // Every non-attention op: CUDA against the CPU reference on fresh random inputs.
+#include <algorithm>
+#include <cstring>
 #include <numeric>
+#include <string>
 
 #include "parity_util.h"
 
@@ -26,6 +29,30 @@ TEST(Parity, RmsNormAddSwigluCopy) {
       be[b]->copy({ts.f32(), dim / 2, to.f32() + 1, dim, rows, dim / 2 - 1});
       out[b] = get(*be[b], to);
     }
+    EXPECT_LE(norm_err(out[0], out[1]), 1e-5) << rows << "x" << dim;
+  }
+}
+
+// The fused residual add: x + residual written back in place, its norm out.
+TEST(Parity, RmsNormWithResidual) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 2048}, {7, 90}, {256, 7168}}) {
+    auto x = randn(static_cast<size_t>(rows * dim), 4), r = randn(static_cast<size_t>(rows * dim), 5);
+    auto w = bf16_round(randn(static_cast<size_t>(dim), 6));
+    std::vector<float> out[2], sum[2];
+    ops::Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      auto tx = put(*be[b], x), tr = put(*be[b], r), tw = put(*be[b], w, b ? DType::BF16 : DType::F32);
+      auto to = poisoned(*be[b], x.size());
+      ops::RmsNormParams p{tx.f32(), 0, tw.t.data, tw.t.dtype, to.f32(), 0, rows, dim, 1e-6f};
+      p.residual = tr.f32();
+      p.sum = tx.f32();
+      be[b]->rms_norm(p);
+      out[b] = get(*be[b], to);
+      sum[b] = get(*be[b], tx);
+    }
+    EXPECT_EQ(sum[0], sum[1]) << rows << "x" << dim;  // one f32 add: exact on both
     EXPECT_LE(norm_err(out[0], out[1]), 1e-5) << rows << "x" << dim;
   }
 }
@@ -135,39 +162,94 @@ TEST(Parity, RouterChoosesTheSameExperts) {
   }
 }
 
+enum class MoeRouting { Random, FewExperts, OneHot };
+
 struct MoeShape {
   int64_t tokens, hidden, inter, experts, top_k;
+  MoeRouting routing = MoeRouting::Random;
 };
 
-TEST(Parity, MoeExpertsBothPaths) {
+// top_k distinct experts per token: Random draws from all experts; FewExperts only from the first
+// top_k + 2 (most experts get no token); OneHot puts expert 0 in every token's slot 0.
+std::vector<int32_t> moe_routing(const MoeShape& s, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  const int64_t pool = s.routing == MoeRouting::FewExperts ? std::min(s.experts, s.top_k + 2) : s.experts;
+  std::vector<int32_t> all(static_cast<size_t>(pool)), ids;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::iota(all.begin(), all.end(), 0);
+    int64_t first = 0;
+    if (s.routing == MoeRouting::OneHot) {
+      ids.push_back(0);
+      first = 1;
+    }
+    for (int64_t j = first; j < s.top_k; ++j) {  // partial Fisher-Yates over experts [first, pool)
+      const auto pick = static_cast<size_t>(j + static_cast<int64_t>(g() % static_cast<uint64_t>(pool - j)));
+      std::swap(all[static_cast<size_t>(j)], all[pick]);
+      ids.push_back(all[static_cast<size_t>(j)]);
+    }
+  }
+  return ids;
+}
+
+// Uniform(-scale, scale) from a counter hash: the 7168 x 2048 x 8-expert weights would take
+// seconds through std::normal_distribution.
+std::vector<float> uniform(size_t n, uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+    v[i] = scale * (static_cast<float>((z >> 40) & 0xffffff) / 8388608.0f - 1.0f);
+  }
+  return v;
+}
+
+TEST(Parity, MoeExperts) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
-  // 1-4 tokens take the GEMV path, more take the expert-grouped GEMMs.
-  for (MoeShape s : {MoeShape{1, 64, 36, 8, 2}, MoeShape{3, 90, 36, 6, 2}, MoeShape{4, 2048, 1408, 64, 6},
-                     MoeShape{8, 256, 128, 16, 4}, MoeShape{37, 90, 36, 6, 2}, MoeShape{256, 512, 256, 64, 6}}) {
-    auto x = bf16_round(randn(static_cast<size_t>(s.tokens * s.hidden), 10));
-    auto wgu = bf16_round(randn(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), 11, 0.05f));
-    auto wd = bf16_round(randn(static_cast<size_t>(s.experts * s.hidden * s.inter), 12, 0.05f));
-    std::vector<int32_t> ids(static_cast<size_t>(s.tokens * s.top_k));
+  std::vector<MoeShape> shapes;
+  // Every token count (<= 4: per-slot GEMV; more: device-sorted grouped GEMMs) at 96/40, sizes
+  // that are not multiples of any tile, across expert counts and top-k.
+  for (int64_t T : {1, 4, 5, 8, 32, 128, 256, 1000, 8192})
+    for (auto [E, k] : {std::pair<int64_t, int64_t>{8, 1}, {64, 6}, {256, 8}, {8, 8}})
+      shapes.push_back({T, 96, 40, E, k});
+  // Model widths: Moonlight (2048/1408, 64 experts, k 6) and DeepSeek-V3 (7168/2048, few experts).
+  for (int64_t T : {4, 5, 64, 256}) shapes.push_back({T, 2048, 1408, 64, 6});
+  for (int64_t T : {5, 32}) shapes.push_back({T, 7168, 2048, 8, 8});
+  // K not a multiple of 8 (the scalar weight-load path); experts without tokens; one expert taking
+  // every token (its rows span many tiles).
+  shapes.push_back({37, 90, 36, 6, 2});
+  shapes.push_back({300, 100, 52, 16, 4});
+  shapes.push_back({200, 96, 40, 64, 6, MoeRouting::FewExperts});
+  shapes.push_back({8192, 96, 40, 64, 6, MoeRouting::OneHot});
+  shapes.push_back({256, 2048, 1408, 64, 6, MoeRouting::OneHot});
+  uint64_t seed = 100;
+  for (const MoeShape& s : shapes) {
+    ++seed;
+    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
+    const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
+    const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
+    const auto ids = moe_routing(s, seed);
     std::vector<float> tw(ids.size());
-    for (int64_t t = 0; t < s.tokens; ++t)
-      for (int64_t j = 0; j < s.top_k; ++j) {
-        ids[static_cast<size_t>(t * s.top_k + j)] = static_cast<int32_t>((t * 5 + j * 3) % s.experts);
-        tw[static_cast<size_t>(t * s.top_k + j)] = 0.1f + 0.2f * static_cast<float>(j);
-      }
-    std::vector<float> out[2];
-    ops::Backend* be[2] = {cpu.get(), gpu.get()};
-    for (int b = 0; b < 2; ++b) {
-      const DType dt = b ? DType::BF16 : DType::F32;
-      auto tx = put(*be[b], x), tg = put(*be[b], wgu, dt), td = put(*be[b], wd, dt);
+    for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
+    std::vector<float> out[3];  // cpu, gpu, gpu again
+    ops::Backend* be[3] = {cpu.get(), gpu.get(), gpu.get()};
+    for (int b = 0; b < 3; ++b) {
+      // Both backends take the same bf16 weights; x stays f32 (the GPU must keep its precision).
+      auto tx = put(*be[b], x), tg = put(*be[b], wgu, DType::BF16), td = put(*be[b], wd, DType::BF16);
       auto ti = put_raw(*be[b], ids, DType::I32), tww = put(*be[b], tw);
       auto to = poisoned(*be[b], x.size());
-      be[b]->moe({tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, dt, to.f32(), s.tokens, s.hidden,
-                  s.inter, s.experts, s.top_k});
+      be[b]->moe({tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16, to.f32(), s.tokens,
+                  s.hidden, s.inter, s.experts, s.top_k});
       out[b] = get(*be[b], to);
     }
-    // The grouped path rounds the SwiGLU activations to bf16 before the down GEMM.
-    EXPECT_LE(norm_err(out[0], out[1]), s.tokens <= 4 ? 1e-4 : 1e-2) << s.tokens << " tokens";
+    const std::string what = std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +
+                             std::to_string(s.inter) + ", " + std::to_string(s.experts) + " experts, top-" +
+                             std::to_string(s.top_k) + ", routing " + std::to_string(static_cast<int>(s.routing));
+    // Both GPU paths keep f32 activations as bf16 hi + lo pairs (~16 mantissa bits): only
+    // accumulation order and that split separate them from the f32 reference.
+    EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << what;
+    // The expert sort lands rows in a run-dependent order; results must not depend on it.
+    EXPECT_EQ(0, std::memcmp(out[1].data(), out[2].data(), out[1].size() * sizeof(float))) << what;
   }
 }
 
@@ -178,20 +260,27 @@ TEST(Parity, KvScatterGather) {
   std::vector<int32_t> slots = {5, 64, 130, 639, 0};
   auto rows = randn(slots.size() * row, 13);
   std::vector<int32_t> table = {3, 1, 9, 0, 2, 5}, lens = {100, 70}, cu = {0, 100, 170};
-  std::vector<float> out[2];
-  ops::Backend* be[2] = {cpu.get(), gpu.get()};
-  for (int b = 0; b < 2; ++b) {
-    auto pool = put(*be[b], randn(static_cast<size_t>(blocks * bs * row), 14));
-    auto tr = put(*be[b], rows), ts = put_raw(*be[b], slots, DType::I32);
-    be[b]->kv_scatter({tr.f32(), ts.t.as<int32_t>(), pool.f32(), static_cast<int64_t>(slots.size()), row});
-    auto tt = put_raw(*be[b], table, DType::I32), tl = put_raw(*be[b], lens, DType::I32),
-         tc = put_raw(*be[b], cu, DType::I32);
-    auto to = poisoned(*be[b], static_cast<size_t>(170 * row));
-    be[b]->kv_gather(
-        {{pool.f32(), tt.t.as<int32_t>(), tl.t.as<int32_t>(), bs, 3}, tc.t.as<int32_t>(), 2, row, 170, to.f32()});
-    out[b] = get(*be[b], to);
+  // Both pool types; bf16 stores round to nearest even on both backends, so results stay exact.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    std::vector<float> out[2];
+    ops::Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      auto pool = put(*be[b], randn(static_cast<size_t>(blocks * bs * row), 14), dt);
+      auto tr = put(*be[b], rows), ts = put_raw(*be[b], slots, DType::I32);
+      be[b]->kv_scatter({tr.f32(), ts.t.as<int32_t>(), pool.t.data, dt, static_cast<int64_t>(slots.size()), row});
+      auto tt = put_raw(*be[b], table, DType::I32), tl = put_raw(*be[b], lens, DType::I32),
+           tc = put_raw(*be[b], cu, DType::I32);
+      auto to = poisoned(*be[b], static_cast<size_t>(170 * row));
+      be[b]->kv_gather({{pool.t.data, dt, tt.t.as<int32_t>(), tl.t.as<int32_t>(), bs, 3},
+                        tc.t.as<int32_t>(),
+                        2,
+                        row,
+                        170,
+                        to.f32()});
+      out[b] = get(*be[b], to);
+    }
+    EXPECT_EQ(norm_err(out[0], out[1]), 0.0) << dtype_name(dt);
   }
-  EXPECT_EQ(norm_err(out[0], out[1]), 0.0);
 }
 
 }  // namespace

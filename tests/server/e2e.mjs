@@ -1,6 +1,6 @@
 // End-to-end checks of `kiln serve` with the official openai npm client and raw fetch.
-// Usage: node e2e.mjs --base-url http://127.0.0.1:PORT --suite e2e|auth|bad|load|disconnect
-//        [--api-key KEY] [--model NAME] [--count N]
+// Usage: node e2e.mjs --base-url http://127.0.0.1:PORT --suite e2e|auth|bad|load|disconnect|tools
+//        [--api-key KEY] [--model NAME] [--count N] [--mode stream|json]
 // Prints one line per check; exits 1 on the first failure (with what was received).
 import { pathToFileURL } from "node:url";
 import path from "node:path";
@@ -66,12 +66,42 @@ async function e2e() {
   const comp = await c.completions.create({ model, prompt: "Once upon a time", max_tokens: 5, temperature: 0,
     logprobs: 3, echo: true });
   const lp = comp.choices[0].logprobs;
-  assert.ok(comp.choices[0].text.startsWith("Once upon a time"));
-  assert.equal(lp.tokens.length, comp.usage.completion_tokens);
+  const ctext = comp.choices[0].text;
+  assert.ok(ctext.startsWith("Once upon a time"));
+  // echo: the prompt's tokens come first (the first with a null logprob), then the completion's.
+  assert.equal(lp.tokens.length, comp.usage.prompt_tokens + comp.usage.completion_tokens);
   assert.equal(lp.token_logprobs.length, lp.tokens.length);
-  assert.ok(lp.token_logprobs.every((x) => x <= 0));
-  assert.ok(lp.top_logprobs.every((t) => Object.keys(t).length >= 1));
-  ok("completions with echo and logprobs");
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  assert.ok(lp.token_logprobs.slice(1).every((x) => typeof x === "number" && x <= 0));
+  assert.ok(lp.top_logprobs.slice(1).every((t) => Object.keys(t).length >= 1));
+  assert.equal(lp.text_offset[0], 0);
+  assert.equal(lp.tokens.slice(0, comp.usage.prompt_tokens).join(""), "Once upon a time");
+  for (let i = 0; i < lp.tokens.length; i++)
+    assert.equal(ctext.slice(lp.text_offset[i], lp.text_offset[i] + lp.tokens[i].length), lp.tokens[i]);
+  ok("completions with echo and logprobs (prompt tokens scored)");
+  // max_tokens 0 with echo scores the prompt: the same prompt logprobs, nothing generated.
+  const scored = await c.completions.create({ model, prompt: "Once upon a time", max_tokens: 0, logprobs: 1,
+    echo: true });
+  const slp = scored.choices[0].logprobs;
+  assert.equal(scored.choices[0].text, "Once upon a time");
+  assert.equal(scored.usage.completion_tokens, 0);
+  assert.equal(slp.tokens.length, comp.usage.prompt_tokens);
+  for (let i = 1; i < slp.tokens.length; i++)
+    assert.ok(Math.abs(slp.token_logprobs[i] - lp.token_logprobs[i]) < 1e-4, `prompt logprob ${i}`);
+  // Streaming: the echo event carries the prompt's logprobs.
+  const sstream = await c.completions.create({ model, prompt: "Once upon a time", max_tokens: 3, temperature: 0,
+    logprobs: 1, echo: true, stream: true });
+  const stoks = [];
+  let stext = "";
+  for await (const chunk of sstream)
+    for (const ch of chunk.choices) {
+      stext += ch.text ?? "";
+      if (ch.logprobs) stoks.push(...ch.logprobs.tokens);
+    }
+  assert.ok(stext.startsWith("Once upon a time"));
+  assert.equal(stoks.length, comp.usage.prompt_tokens + 3);
+  ok("completions max_tokens 0 (prompt scoring) and streamed echo with logprobs");
 
   const ids = await c.completions.create({ model, prompt: [10, 20, 30, 40], max_tokens: 4, temperature: 0 });
   assert.equal(ids.usage.prompt_tokens, 4);
@@ -106,19 +136,7 @@ async function e2e() {
   assert.deepEqual(many.choices.map((x) => x.index), [0, 1, 2]);
   ok("n = 3");
 
-  // Tools: definitions reach the template, and a conversation with a call and its result renders.
-  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather for a city",
-    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
-  const withTools = await c.chat.completions.create({ model, messages, tools, tool_choice: "auto", max_tokens: 4,
-    temperature: 0 });
-  assert.ok(withTools.choices[0].message.role === "assistant");
-  const roundTrip = await c.chat.completions.create({ model, tools, max_tokens: 4, temperature: 0, messages: [
-    ...messages,
-    { role: "assistant", content: "", tool_calls: [{ id: "call_1", type: "function",
-      function: { name: "get_weather", arguments: "{\"city\":\"Paris\"}" } }] },
-    { role: "tool", tool_call_id: "call_1", content: "sunny" }] });
-  assert.ok(roundTrip.choices[0].message);
-  ok("tool definitions and a tool-call round trip are accepted");
+  await tools();
 
   const health = await fetch(`${base}/health`);
   assert.equal(health.status, 200);
@@ -127,6 +145,77 @@ async function e2e() {
     "kiln_num_requests_running", "kiln_prefix_cache_hit_rate", "kiln_kernel_plan_info"])
     assert.ok(metrics.includes(m), `metrics has ${m}`);
   ok("health and metrics");
+}
+
+// Tool calls: tool_choice naming a function or "required" is enforced by constrained decoding
+// (the server must run with --tool-call-parser: kiln-tiny's template has no tool format of its
+// own); non-streamed and streamed calls agree; the call and its result go back for a reply.
+async function tools() {
+  const c = client();
+  const model = await modelName();
+  const messages = [{ role: "user", content: "What is the weather in Paris?" }];
+  const tools = [
+    { type: "function", function: { name: "get_weather", description: "Weather for a city",
+      parameters: { type: "object", properties: { city: { type: "string", maxLength: 12 }, days: { type: "integer" } },
+        required: ["city"] } } },
+    { type: "function", function: { name: "get_time",
+      parameters: { type: "object", properties: { zone: { enum: ["UTC", "CET"] } }, required: ["zone"] } } }];
+  const named = { type: "function", function: { name: "get_weather" } };
+  const auto = await c.chat.completions.create({ model, messages, tools, tool_choice: "auto", max_tokens: 4,
+    temperature: 0 });
+  assert.ok(auto.choices[0].message.role === "assistant");
+  const none = await c.chat.completions.create({ model, messages, tools, tool_choice: "none", max_tokens: 4,
+    temperature: 0 });
+  assert.ok(!none.choices[0].message.tool_calls && none.choices[0].finish_reason !== "tool_calls");
+  ok("tool_choice auto and none");
+
+  const full = await c.chat.completions.create({ model, messages, tools, tool_choice: named, max_tokens: 400,
+    temperature: 0 });
+  const msg = full.choices[0].message;
+  assert.equal(full.choices[0].finish_reason, "tool_calls", JSON.stringify(full));
+  assert.equal(msg.tool_calls.length, 1, JSON.stringify(msg));
+  const call = msg.tool_calls[0];
+  assert.equal(call.type, "function");
+  assert.equal(call.function.name, "get_weather");
+  assert.ok(call.id);
+  const args = JSON.parse(call.function.arguments);
+  assert.equal(typeof args.city, "string");
+  assert.ok(args.city.length <= 12);
+  ok(`named tool_choice: ${call.function.name}(${call.function.arguments})`);
+
+  const stream = await c.chat.completions.create({ model, messages, tools, tool_choice: named, max_tokens: 400,
+    temperature: 0, stream: true });
+  const calls = [];
+  let finish = null;
+  for await (const chunk of stream)
+    for (const ch of chunk.choices) {
+      if (ch.finish_reason) finish = ch.finish_reason;
+      for (const tc of ch.delta.tool_calls ?? []) {
+        calls[tc.index] ??= { name: "", arguments: "" };
+        calls[tc.index].name += tc.function?.name ?? "";
+        calls[tc.index].arguments += tc.function?.arguments ?? "";
+      }
+    }
+  assert.equal(finish, "tool_calls");
+  assert.deepEqual(calls, [{ name: "get_weather", arguments: call.function.arguments }]);
+  ok("streamed tool-call deltas concatenate to the same call");
+
+  const req = await c.chat.completions.create({ model, messages, tools, tool_choice: "required", max_tokens: 400,
+    temperature: 0 });
+  const rcall = req.choices[0].message.tool_calls?.[0];
+  assert.equal(req.choices[0].finish_reason, "tool_calls", JSON.stringify(req));
+  assert.ok(["get_weather", "get_time"].includes(rcall.function.name));
+  const rargs = JSON.parse(rcall.function.arguments);
+  assert.ok(rcall.function.name === "get_weather" ? typeof rargs.city === "string" : ["UTC", "CET"].includes(rargs.zone));
+  ok(`tool_choice required: ${rcall.function.name}(${rcall.function.arguments})`);
+
+  // The assistant message as received (content null) and the tool's result go back.
+  const reply = await c.chat.completions.create({ model, tools, max_tokens: 8, temperature: 0, messages: [
+    ...messages, msg, { role: "tool", tool_call_id: call.id, content: JSON.stringify({ temperature_c: 21 }) }] });
+  assert.equal(reply.choices[0].message.role, "assistant");
+  assert.equal(typeof reply.choices[0].message.content, "string");
+  assert.ok(["stop", "length"].includes(reply.choices[0].finish_reason));
+  ok("tool-call round trip: a normal reply after the tool result");
 }
 
 async function auth() {
@@ -148,25 +237,35 @@ async function auth() {
   ok("auth on: the right key works");
 }
 
-// A stream is cancelled midway by the client; afterwards every KV block is free again.
+// Requests are cancelled midway by the client (streams after a few events, non-streaming ones
+// with --mode json while they wait); afterwards every KV block is free again.
 async function disconnect() {
   const model = await modelName();
   const count = Number(args["count"] ?? 100);
+  const stream = (args["mode"] ?? "stream") === "stream";
   const metric = async (name) => {
     const t = await (await fetch(`${base}/metrics`)).text();
     return Number(t.split("\n").find((l) => l.startsWith(name + " ")).split(" ")[1]);
   };
   const running = () => metric("kiln_num_requests_running");
   const baseline = await metric("kiln_kv_blocks_used") - await metric("kiln_kv_blocks_cached_evictable");
+  const aborted0 = await metric("kiln_requests_aborted_total");
   await Promise.all(Array.from({ length: count }, async (_, i) => {
     const ctl = new AbortController();
     const res = await fetch(`${base}/v1/completions`, { method: "POST", signal: ctl.signal,
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ model, prompt: `request ${i} goes on and on`, max_tokens: 1000, ignore_eos: true,
-        stream: true }) });
-    const reader = res.body.getReader();
-    let got = 0;
-    while (got < 3) { const { done, value } = await reader.read(); if (done) break; got += value.length > 0 ? 1 : 0; }
+        stream }) });
+    assert.equal(res.status, 200);
+    if (stream) {
+      const reader = res.body.getReader();
+      let got = 0;
+      while (got < 3) { const { done, value } = await reader.read(); if (done) break; got += value.length > 0 ? 1 : 0; }
+    } else {
+      // The headers come at once; the body only when the generation ends. Leave while it runs.
+      while (await running() === 0) await new Promise((r) => setTimeout(r, 50));
+      await new Promise((r) => setTimeout(r, 200 + 10 * (i % 20)));
+    }
     ctl.abort();
   }).map((p) => p.catch((e) => { if (e.name !== "AbortError") throw e; })));
   // The server notices on its next write; wait (bounded) for the engine to drain.
@@ -179,7 +278,9 @@ async function disconnect() {
   }
   assert.equal(run, 0, "no request still running");
   assert.equal(used, baseline, "KV blocks held by requests back to baseline");
-  ok(`${count} aborted streams: KV back to baseline (${baseline} blocks held)`);
+  const aborted = await metric("kiln_requests_aborted_total") - aborted0;
+  assert.equal(aborted, count, "every request was cancelled, none ran to its end");
+  ok(`${count} aborted ${stream ? "streams" : "non-streaming requests"}: KV back to baseline (${baseline} blocks held)`);
   const after = await client().completions.create({ model, prompt: "still", max_tokens: 2 });
   assert.ok(after.choices.length === 1);
   ok("serves after the disconnects");
@@ -210,7 +311,7 @@ async function load() {
   ok(`${count} concurrent streams: ${completed} completed, ${refused} refused`);
 }
 
-const suites = { e2e, auth, disconnect, load };
+const suites = { e2e, auth, disconnect, load, tools };
 if (suite === "bad") {
   const { bad } = await import(pathToFileURL(path.join(here, "bad_inputs.mjs")));
   await bad(base, await modelName());

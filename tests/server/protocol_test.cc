@@ -76,6 +76,15 @@ TEST(Protocol, ContentPartsAreJoinedAndToolsKept) {
   const ParsedRequest none = parse_chat_request(
       chat({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}, {"tool_choice", "none"}}), limits());
   EXPECT_TRUE(none.tools.is_null());
+  EXPECT_EQ(none.tool_choice, "none");
+  // "required" and a named function are kept for the constraint.
+  const json tools = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
+  EXPECT_EQ(parse_chat_request(chat({{"tools", tools}, {"tool_choice", "required"}}), limits()).tool_choice,
+            "required");
+  const ParsedRequest named = parse_chat_request(
+      chat({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}), limits());
+  EXPECT_EQ(named.tool_choice, "function");
+  EXPECT_EQ(named.tool_choice_name, "f");
 }
 
 TEST(Protocol, CompletionPromptShapes) {
@@ -89,6 +98,9 @@ TEST(Protocol, CompletionPromptShapes) {
   const ParsedRequest r = comp("x");
   EXPECT_TRUE(r.logprobs && r.echo);
   EXPECT_EQ(r.top_logprobs, 2);
+  // max_tokens 0 scores the prompt (completions only).
+  EXPECT_EQ(
+      parse_completion_request({{"prompt", "x"}, {"max_tokens", 0}, {"echo", true}}, limits()).sampling.max_tokens, 0);
 }
 
 TEST(Protocol, RejectionsNameTheParameter) {

@@ -18,7 +18,8 @@ class ServeE2E : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!have_tiny_weights() || !have_node_openai()) return;
-    server_ = new ServeProcess({"--max-model-len", "2048"});
+    // kiln-tiny has no tool markup of its own: calls are written (and forced) in DeepSeek-V3's.
+    server_ = new ServeProcess({"--max-model-len", "2048", "--tool-call-parser", "deepseek_v3"});
     ready_ = server_->wait_ready();
   }
   static void TearDownTestSuite() {
@@ -48,6 +49,20 @@ TEST_F(ServeE2E, BadInputs) {
 TEST_F(ServeE2E, DisconnectsFreeKvBlocks) {
   const CmdResult r = server_->node("disconnect", "--count 100");
   EXPECT_EQ(r.code, 0) << r.out << "\n--- server log ---\n" << server_->log();
+}
+
+TEST_F(ServeE2E, NonStreamingDisconnectsFreeKvBlocks) {
+  const CmdResult r = server_->node("disconnect", "--count 100 --mode json");
+  EXPECT_EQ(r.code, 0) << r.out << "\n--- server log ---\n" << server_->log();
+}
+
+// The same tool-call checks with the calls in Kimi K2's markup.
+TEST(ServeTools, KimiK2Format) {
+  NEEDS_TINY_AND_NODE();
+  ServeProcess s({"--tool-call-parser", "kimi_k2"});
+  ASSERT_TRUE(s.wait_ready()) << s.log();
+  const CmdResult r = s.node("tools");
+  EXPECT_EQ(r.code, 0) << r.out << "\n--- server log ---\n" << s.log();
 }
 
 TEST(ServeAuth, KeyRequiredExceptHealth) {

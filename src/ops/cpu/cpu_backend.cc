@@ -6,6 +6,7 @@
 #include "core/sysinfo.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/sampling.h"
 
 namespace kiln::ops {
 namespace {
@@ -31,6 +32,7 @@ class CpuBackend final : public Backend {
   void download(void* dst, const Tensor& src) override { std::memcpy(dst, src.data, src.nbytes()); }
 
   DType weight_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return DType::F32; }
   int64_t free_memory_bytes() const override { return host_available_bytes(); }
   void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
@@ -52,6 +54,7 @@ class CpuBackend final : public Backend {
   void router(const RouterParams& p) override { cpu::router(p); }
   void moe(const MoeParams& p) override { cpu::moe(p); }
   void log_softmax(const LogSoftmaxParams& p) override { cpu::log_softmax(p); }
+  void sample(const SampleParams& p) override { cpu::sample(p); }
 };
 
 }  // namespace

@@ -52,6 +52,10 @@ void rms_norm(const RmsNormParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * xs;
     float* o = p.out + r * os;
+    if (p.residual) {  // exactly add() then the norm of the sum
+      for (int64_t i = 0; i < p.dim; ++i) p.sum[r * xs + i] = x[i] + p.residual[r * xs + i];
+      x = p.sum + r * xs;
+    }
     double ss = 0;
     for (int64_t i = 0; i < p.dim; ++i) ss += static_cast<double>(x[i]) * x[i];
     const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(p.dim)) + p.eps);

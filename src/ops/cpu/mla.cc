@@ -64,18 +64,43 @@ void mla_expanded(const MlaExpandedParams& p) {
 }
 
 namespace {
-const float* paged_row(const PagedKv& kv, int64_t seq, int64_t j, int64_t row) {
+
+int64_t pool_slot(const PagedKv& kv, int64_t seq, int64_t j) {
   const int32_t block = kv.block_table[seq * kv.max_blocks + j / kv.block_size];
-  return kv.pool + (static_cast<int64_t>(block) * kv.block_size + j % kv.block_size) * row;
+  return static_cast<int64_t>(block) * kv.block_size + j % kv.block_size;
 }
+
+// Row j of sequence `seq`, widened to f32 into `dst` (exact for both pool types).
+void load_row(const PagedKv& kv, int64_t seq, int64_t j, int64_t row, float* dst) {
+  const int64_t off = pool_slot(kv, seq, j) * row;
+  if (kv.pool_dtype == DType::F32) {
+    std::copy_n(static_cast<const float*>(kv.pool) + off, row, dst);
+  } else {
+    const uint16_t* src = static_cast<const uint16_t*>(kv.pool) + off;
+    for (int64_t d = 0; d < row; ++d) dst[d] = bf16_to_f32(src[d]);
+  }
+}
+
+void check_pool(DType t, const char* op) {
+  KILN_CHECK(t == DType::F32 || t == DType::BF16, "{}: the KV pool must be F32 or BF16, not {}", op, dtype_name(t));
+}
+
 }  // namespace
 
 void mla_absorbed(const MlaAbsorbedParams& p) {
+  check_pool(p.kv.pool_dtype, "mla_absorbed");
   const int64_t row = p.kv_lora + p.rope_dim;
+  std::vector<float> ctx;  // the sequence's rows in f32, widened once for every query and head
   for (int64_t b = 0; b < p.num_seqs; ++b) {
     const int64_t q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv.kv_lens[b];
+    if (kv_len == 0) {  // a padding sequence: zeros, and its block table is never read
+      std::fill(p.out + q0 * p.num_heads * p.kv_lora, p.out + (q0 + q_len) * p.num_heads * p.kv_lora, 0.0f);
+      continue;
+    }
     KILN_CHECK(q_len >= 0 && kv_len >= q_len, "attention: sequence {} has {} queries but only {} keys", b, q_len,
                kv_len);
+    ctx.resize(static_cast<size_t>(kv_len * row));
+    for (int64_t j = 0; j < kv_len; ++j) load_row(p.kv, b, j, row, ctx.data() + j * row);
 #pragma omp parallel for collapse(2) if (q_len * p.num_heads > 8)
     for (int64_t i = 0; i < q_len; ++i) {
       for (int64_t h = 0; h < p.num_heads; ++h) {
@@ -83,7 +108,7 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
         std::vector<float> s(static_cast<size_t>(visible));
         const float* q = p.q + ((q0 + i) * p.num_heads + h) * row;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* kv = paged_row(p.kv, b, j, row);
+          const float* kv = ctx.data() + j * row;
           float dot = 0;
           for (int64_t d = 0; d < row; ++d) dot += q[d] * kv[d];  // q_lat·c_kv + q_pe·k_pe
           s[static_cast<size_t>(j)] = dot * p.scale;
@@ -92,7 +117,7 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
         float* o = p.out + ((q0 + i) * p.num_heads + h) * p.kv_lora;
         for (int64_t d = 0; d < p.kv_lora; ++d) o[d] = 0;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* c = paged_row(p.kv, b, j, row);  // values are the c_kv part of each row
+          const float* c = ctx.data() + j * row;  // values are the c_kv part of each row
           const float w = s[static_cast<size_t>(j)];
           for (int64_t d = 0; d < p.kv_lora; ++d) o[d] += w * c[d];
         }
@@ -102,16 +127,25 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
 }
 
 void kv_scatter(const KvScatterParams& p) {
-  for (int64_t t = 0; t < p.num_tokens; ++t)
-    std::copy_n(p.rows + t * p.row_dim, p.row_dim, p.pool + static_cast<int64_t>(p.slots[t]) * p.row_dim);
+  check_pool(p.pool_dtype, "kv_scatter");
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const float* src = p.rows + t * p.row_dim;
+    const int64_t off = static_cast<int64_t>(p.slots[t]) * p.row_dim;
+    if (p.pool_dtype == DType::F32) {
+      std::copy_n(src, p.row_dim, static_cast<float*>(p.pool) + off);
+    } else {
+      uint16_t* dst = static_cast<uint16_t*>(p.pool) + off;
+      for (int64_t d = 0; d < p.row_dim; ++d) dst[d] = f32_to_bf16(src[d]);  // round to nearest even
+    }
+  }
 }
 
 void kv_gather(const KvGatherParams& p) {
+  check_pool(p.kv.pool_dtype, "kv_gather");
   for (int64_t b = 0; b < p.num_seqs; ++b) {
     const int64_t n = p.cu_kv[b + 1] - p.cu_kv[b];
     KILN_CHECK(n == p.kv.kv_lens[b], "kv_gather: sequence {} spans {} rows but has {} cached", b, n, p.kv.kv_lens[b]);
-    for (int64_t j = 0; j < n; ++j)
-      std::copy_n(paged_row(p.kv, b, j, p.row_dim), p.row_dim, p.out + (p.cu_kv[b] + j) * p.row_dim);
+    for (int64_t j = 0; j < n; ++j) load_row(p.kv, b, j, p.row_dim, p.out + (p.cu_kv[b] + j) * p.row_dim);
   }
 }
 

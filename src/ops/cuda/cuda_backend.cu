@@ -7,11 +7,14 @@
 #include "ops/backend.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/op_profile.h"
 
 namespace kiln::ops {
 namespace {
 
 // Size-bucketed free lists. Blocks are reused in stream order, which is safe on a single stream.
+// The backend keeps two: one for eager work and one reserved for CUDA-graph captures, whose
+// blocks stay graph scratch for the process's life (a replay writes to the captured addresses).
 class CachingAllocator {
  public:
   ~CachingAllocator() {
@@ -57,17 +60,21 @@ class CachingAllocator {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() : alloc_(std::make_shared<CachingAllocator>()) {
+  CudaBackend() : alloc_(std::make_shared<CachingAllocator>()), graph_alloc_(std::make_shared<CachingAllocator>()) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cudaDeviceProp prop{};
     KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     name_ = std::string("cuda (") + prop.name + ")";
   }
-  ~CudaBackend() override { cudaStreamDestroy(stream_); }
+  ~CudaBackend() override {
+    profile_.reset();  // prints, while the stream still exists
+    cudaStreamDestroy(stream_);
+  }
 
   Device device() const override { return Device::CUDA; }
   std::string name() const override { return name_; }
   DType weight_dtype() const override { return DType::BF16; }
+  DType kv_dtype() const override { return DType::BF16; }
   int64_t free_memory_bytes() const override {
     size_t free = 0, total = 0;
     KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -77,9 +84,9 @@ class CudaBackend final : public Backend {
   OwnedTensor alloc(DType dtype, Shape shape) override {
     const size_t n = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
     size_t rounded = 0;
-    void* p = alloc_->get(n, rounded);
+    auto a = capturing_ ? graph_alloc_ : alloc_;
+    void* p = a->get(n, rounded);
     OwnedTensor o;
-    auto a = alloc_;
     o.mem = std::shared_ptr<void>(p, [a, rounded](void* q) { a->put(q, rounded); });
     o.t = Tensor{p, dtype, std::move(shape), Device::CUDA};
     return o;
@@ -93,39 +100,129 @@ class CudaBackend final : public Backend {
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  bool supports_graphs() const override { return !profile_; }
+  void begin_capture() override {
+    KILN_REQUIRE(!capturing_, "begin_capture: a capture is already in progress");
+    // Relaxed: kernels may still grow their GrowOnlyScratch (cudaMalloc) while being captured.
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+  }
+  std::shared_ptr<void> end_capture() override {
+    KILN_REQUIRE(capturing_, "end_capture: no capture in progress");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    KILN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    KILN_CUDA_CHECK(err);
+    return std::shared_ptr<void>(exec, [](void* e) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e)); });
+  }
+  void abort_capture() override {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);  // reports the invalidation that brought us here
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+  }
+  void replay(const std::shared_ptr<void>& graph) override {
+    KILN_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), stream_));
+  }
   void fill_random(const Tensor& t, uint64_t seed, float scale) override {
     KILN_REQUIRE(t.dtype == DType::F32 || t.dtype == DType::BF16,
                  std::string("fill_random: unsupported dtype ") + dtype_name(t.dtype));
     cuda::fill_random(t.data, t.dtype, t.numel(), seed, scale, stream_);
   }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
-    return {
-        {"linear", "<=8 rows: kiln bf16 GEMV (f32 activations); more: " + gemm_.name()},
-        {"mla prefill", "kiln flash MLA, expanded form, 16-query x 32-key tiles, one CTA per head (any head count)"},
-        {"mla decode", "kiln paged MLA, absorbed form, 16-head tiles (tail masked), split-KV + LSE combine"},
-        {"router", "kiln fused sigmoid + bias + grouped top-k (one thread per token)"},
-        {"moe", "<=4 tokens: kiln per-slot bf16 GEMV; more: expert-grouped cuBLASLt GEMMs"},
-        {"norm/rope/etc", "kiln elementwise kernels (f32 activations)"}};
+    return {{"linear", "<=8 rows: kiln bf16 GEMV (f32 activations, 4 loads in flight per lane); more: " + gemm_.name()},
+            {"linear_heads", "<=256 rows: kiln chunked bf16 GEMV over all heads in one launch; more: per-head GEMMs"},
+            {"mla prefill",
+             "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
+             "flash-attention-2 on mma.sync (bf16 q/k/v/P, f32 softmax and accumulation); other head dims: f32 "
+             "CUDA-core 16-query tiles"},
+            {"mla decode",
+             "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV + LSE combine; 576-wide rows: "
+             "mma.sync 16-head tiles (tail masked); other latent widths: CUDA-core 16-head tiles"},
+            {"router", "kiln fused sigmoid + bias + grouped top-k (one thread per token)"},
+            {"moe",
+             "<=4 tokens: kiln per-slot bf16 GEMV; more: device-sorted grouped mma.sync GEMMs (gate/up + SwiGLU, down; "
+             "hi/lo f32 activations)"},
+            {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},
+            {"norm/rope/etc", "kiln elementwise kernels (f32 activations)"}};
   }
 
-  void copy(const CopyParams& p) override { cuda::copy(p, stream_); }
-  void embedding(const EmbeddingParams& p) override { cuda::embedding(p, stream_); }
-  void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
-  void linear(const LinearParams& p) override { gemm_.linear(p, stream_); }
-  void linear_heads(const LinearHeadsParams& p) override { gemm_.linear_heads(p, stream_); }
-  void add(const AddParams& p) override { cuda::add(p, stream_); }
-  void swiglu(const SwigluParams& p) override { cuda::swiglu(p, stream_); }
-  void rope(const RopeParams& p) override { cuda::rope(p, stream_); }
-  void mla_expanded(const MlaExpandedParams& p) override { cuda::mla_expanded(p, stream_); }
-  void mla_absorbed(const MlaAbsorbedParams& p) override { cuda::mla_absorbed(p, stream_); }
-  void kv_scatter(const KvScatterParams& p) override { cuda::kv_scatter(p, stream_); }
-  void kv_gather(const KvGatherParams& p) override { cuda::kv_gather(p, stream_); }
-  void router(const RouterParams& p) override { cuda::router(p, stream_); }
-  void moe(const MoeParams& p) override { cuda::moe(p, gemm_, stream_); }
-  void log_softmax(const LogSoftmaxParams& p) override { cuda::log_softmax(p, stream_); }
+  void copy(const CopyParams& p) override {
+    run("copy", [&] { cuda::copy(p, stream_); });
+  }
+  void embedding(const EmbeddingParams& p) override {
+    run("embedding", [&] { cuda::embedding(p, stream_); });
+  }
+  void rms_norm(const RmsNormParams& p) override {
+    run("rms_norm", [&] { cuda::rms_norm(p, stream_); });
+  }
+  void linear(const LinearParams& p) override {
+    run(profile_ ? "linear m" + bucket(p.m) + " " + std::to_string(p.n) + "x" + std::to_string(p.k) : std::string(),
+        [&] { gemm_.linear(p, stream_); });
+  }
+  void linear_heads(const LinearHeadsParams& p) override {
+    run(profile_ ? "linear_heads m" + bucket(p.m) + " " + std::to_string(p.heads) + "x" + std::to_string(p.n) + "x" +
+                       std::to_string(p.k)
+                 : std::string(),
+        [&] { gemm_.linear_heads(p, stream_); });
+  }
+  void add(const AddParams& p) override {
+    run("add", [&] { cuda::add(p, stream_); });
+  }
+  void swiglu(const SwigluParams& p) override {
+    run("swiglu", [&] { cuda::swiglu(p, stream_); });
+  }
+  void rope(const RopeParams& p) override {
+    run("rope", [&] { cuda::rope(p, stream_); });
+  }
+  void mla_expanded(const MlaExpandedParams& p) override {
+    run("mla_expanded", [&] { cuda::mla_expanded(p, stream_); });
+  }
+  void mla_absorbed(const MlaAbsorbedParams& p) override {
+    run("mla_absorbed", [&] { cuda::mla_absorbed(p, stream_); });
+  }
+  void kv_scatter(const KvScatterParams& p) override {
+    run("kv_scatter", [&] { cuda::kv_scatter(p, stream_); });
+  }
+  void kv_gather(const KvGatherParams& p) override {
+    run("kv_gather", [&] { cuda::kv_gather(p, stream_); });
+  }
+  void router(const RouterParams& p) override {
+    run("router", [&] { cuda::router(p, stream_); });
+  }
+  void moe(const MoeParams& p) override {
+    run(profile_ ? "moe m" + bucket(p.num_tokens) : std::string(), [&] { cuda::moe(p, gemm_, stream_); });
+  }
+  void log_softmax(const LogSoftmaxParams& p) override {
+    run("log_softmax", [&] { cuda::log_softmax(p, stream_); });
+  }
+  void sample(const SampleParams& p) override {
+    run("sample", [&] { cuda::sample(p, stream_); });
+  }
 
  private:
-  std::shared_ptr<CachingAllocator> alloc_;
+  template <typename F>
+  void run(const std::string& name, F&& f) {
+    cuda::OpProfile::Scope scope(profile_.get(), profile_ ? name : std::string(), stream_);
+    f();
+  }
+  // Row counts in powers of two, so a profile groups decode and prefill shapes.
+  static std::string bucket(int64_t m) {
+    int64_t b = 1;
+    while (b < m) b <<= 1;
+    return "<=" + std::to_string(b);
+  }
+
+  std::unique_ptr<cuda::OpProfile> profile_ =
+      cuda::OpProfile::requested() ? std::make_unique<cuda::OpProfile>() : nullptr;
+  std::shared_ptr<CachingAllocator> alloc_, graph_alloc_;
+  bool capturing_ = false;  // allocations come from graph_alloc_
   cudaStream_t stream_ = nullptr;
   cuda::Gemm gemm_;
   std::string name_;

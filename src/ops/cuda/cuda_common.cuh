@@ -4,7 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "ops/cuda/cuda_error.h"
 
@@ -54,6 +56,19 @@ __device__ __forceinline__ float online_softmax_step(float* scores, int n, float
   return scale;
 }
 
+// The sequence a row belongs to: the last b with cu[b] <= row (skips empty sequences before it).
+__device__ __forceinline__ int64_t seq_of(const int32_t* cu, int64_t num_seqs, int64_t row) {
+  int64_t lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu[mid] <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* smem32) {
   v = warp_sum(v);
@@ -75,5 +90,29 @@ __device__ __forceinline__ float block_max(float v, float* smem32) {
   float r = lane < nw ? smem32[lane] : -INFINITY;
   return warp_max(r);
 }
+
+// Device scratch that only grows. A grown-out buffer is retired, never freed, while the process
+// lives: a captured CUDA graph keeps the address it saw at capture time, so freeing it would let a
+// replay write into memory someone else owns. Growth doubles, so retired bytes stay below the live.
+class GrowOnlyScratch {
+ public:
+  template <typename T>
+  T* get(size_t count) {
+    const size_t need = count * sizeof(T);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (need > bytes_) {
+      if (ptr_) retired_.push_back(ptr_);
+      bytes_ = need > 2 * bytes_ ? need : 2 * bytes_;
+      KILN_CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
+    }
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  std::mutex mu_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  std::vector<void*> retired_;
+};
 
 }  // namespace kiln::ops::cuda

@@ -19,6 +19,8 @@ void rope(const RopeParams& p, cudaStream_t s);
 void kv_scatter(const KvScatterParams& p, cudaStream_t s);
 void kv_gather(const KvGatherParams& p, cudaStream_t s);
 void log_softmax(const LogSoftmaxParams& p, cudaStream_t s);
+// Token choice per row (sampling.cu): one CTA per row, graph-capturable.
+void sample(const SampleParams& p, cudaStream_t s);
 // Fills n values of dtype (F32 or BF16) with uniform(-scale, scale) from a counter hash of seed.
 void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t s);
 
@@ -41,8 +43,9 @@ void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s);
 void mla_expanded(const MlaExpandedParams& p, cudaStream_t s);
 void router(const RouterParams& p, cudaStream_t s);
 
-// Routed experts. Small batches run a fused per-slot GEMV path (graph-capturable, no host sync);
-// larger ones sort tokens by expert on the host and run one cuBLASLt GEMM per expert.
+// Routed experts (bf16 weights), graph-capturable, no host sync: <= 4 tokens run per-slot GEMVs;
+// more sort slots by expert on the device and run two grouped tensor-core GEMMs (moe/moe.cu).
+// `gemm` is not used (kept so the backend's call site stays put).
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 
 }  // namespace kiln::ops::cuda

@@ -23,7 +23,18 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf
   const float* x = p.x + blockIdx.x * xs;
   float* o = p.out + blockIdx.x * os;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss += x[i] * x[i];
+  if (p.residual) {  // each thread re-reads only the sums it wrote: no barrier needed
+    const float* res = p.residual + blockIdx.x * xs;
+    float* sum = p.sum + blockIdx.x * xs;
+    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
+      const float v = x[i] + res[i];
+      sum[i] = v;
+      ss += v * v;
+    }
+    x = sum;
+  } else {
+    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss += x[i] * x[i];
+  }
   ss = block_sum(ss, red);
   const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
   for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) o[i] = load_w(p.weight, i, bf16) * (x[i] * inv);
@@ -64,8 +75,14 @@ __global__ void rope_kernel(RopeParams p) {
 __global__ void kv_scatter_kernel(KvScatterParams p) {
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slots[t];
-  for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x)
-    p.pool[slot * p.row_dim + c] = p.rows[t * p.row_dim + c];
+  const bool bf16 = p.pool_dtype == DType::BF16;
+  for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x) {
+    const float v = p.rows[t * p.row_dim + c];
+    if (bf16)
+      static_cast<__nv_bfloat16*>(p.pool)[slot * p.row_dim + c] = __float2bfloat16_rn(v);  // nearest even
+    else
+      static_cast<float*>(p.pool)[slot * p.row_dim + c] = v;
+  }
 }
 
 // grid.x = total rows; each block finds its sequence by scanning cu_kv (few sequences).
@@ -75,8 +92,10 @@ __global__ void kv_gather_kernel(KvGatherParams p) {
   while (b + 1 < p.num_seqs && r >= p.cu_kv[b + 1]) ++b;
   const int64_t j = r - p.cu_kv[b];
   const int64_t block = p.kv.block_table[b * p.kv.max_blocks + j / p.kv.block_size];
-  const float* src = p.kv.pool + (block * p.kv.block_size + j % p.kv.block_size) * p.row_dim;
-  for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x) p.out[r * p.row_dim + c] = src[c];
+  const int64_t src = (block * p.kv.block_size + j % p.kv.block_size) * p.row_dim;
+  const bool bf16 = p.kv.pool_dtype == DType::BF16;
+  for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x)
+    p.out[r * p.row_dim + c] = load_w(p.kv.pool, src + c, bf16);
 }
 
 __global__ void log_softmax_kernel(LogSoftmaxParams p) {
@@ -144,9 +163,13 @@ void rope(const RopeParams& p, cudaStream_t s) {
   if (n) rope_kernel<<<blocks_for(n, 256), 256, 0, s>>>(p);
 }
 void kv_scatter(const KvScatterParams& p, cudaStream_t s) {
+  KILN_REQUIRE(p.pool_dtype == DType::F32 || p.pool_dtype == DType::BF16,
+               std::string("kv_scatter: unsupported pool dtype ") + dtype_name(p.pool_dtype));
   if (p.num_tokens) kv_scatter_kernel<<<static_cast<unsigned>(p.num_tokens), 128, 0, s>>>(p);
 }
 void kv_gather(const KvGatherParams& p, cudaStream_t s) {
+  KILN_REQUIRE(p.kv.pool_dtype == DType::F32 || p.kv.pool_dtype == DType::BF16,
+               std::string("kv_gather: unsupported pool dtype ") + dtype_name(p.kv.pool_dtype));
   if (p.total_rows) kv_gather_kernel<<<static_cast<unsigned>(p.total_rows), 128, 0, s>>>(p);
 }
 void log_softmax(const LogSoftmaxParams& p, cudaStream_t s) {

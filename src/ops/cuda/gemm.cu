@@ -41,60 +41,90 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, float* y
 }
 
 // Small-m GEMV over bf16 weights with f32 activations: one warp per output row reads the weight
-// row once for all m <= kGemvMaxRows activation rows; blockIdx.y picks the head.
+// row once for all m <= kGemvMaxRows activation rows; blockIdx.y picks the head. Decode is this
+// kernel reading weights, so it must keep enough bytes in flight to saturate HBM: every lane
+// issues kUnroll 16-byte weight loads before it uses any of them.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvWarps = 8;
+constexpr int kUnroll = 4;
+constexpr int64_t kGemvMaxHeadsRows = 256;  // linear_heads: chunked GEMV up to here
 
-__global__ void gemv_kernel(LinearHeadsParams p) {
+template <int M>
+__device__ __forceinline__ void gemv_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col, int rows,
+                                                float (&acc)[kGemvMaxRows]) {
+  const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float wf[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(hv[j]);
+    wf[2 * j] = f.x;
+    wf[2 * j + 1] = f.y;
+  }
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+    if (t >= rows) break;
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
+    acc[t] +=
+        wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+  }
+}
+
+template <int M>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5), h = blockIdx.y;
   if (r >= p.n) return;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k;
-  const float* x = p.x + h * p.x_head_stride;
+  // blockIdx.z: which M activation rows (more than M rows run as several chunks of one launch).
+  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * M;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(M), p.m - t0));
+  const float* x = p.x + h * p.x_head_stride + t0 * p.x_stride;
   float acc[kGemvMaxRows];
 #pragma unroll
   for (int t = 0; t < kGemvMaxRows; ++t) acc[t] = 0.0f;
-  if (p.k % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0) {
+  const bool vec = p.k % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0 && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0;
+  if (vec) {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
-    for (int64_t i = lane; i < p.k / 8; i += 32) {
-      const uint4 v = __ldg(w4 + i);
-      const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&v);
-      float wf[8];
+    const int64_t n8 = p.k / 8;
+    int64_t i = lane;
+    for (; i + (kUnroll - 1) * 32 < n8; i += kUnroll * 32) {
+      uint4 v[kUnroll];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(hv[j]);
-        wf[2 * j] = f.x;
-        wf[2 * j + 1] = f.y;
-      }
+      for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(w4 + i + u * 32);  // streamed once: keep L2 for x
 #pragma unroll
-      for (int t = 0; t < kGemvMaxRows; ++t) {
-        if (t < p.m) {
-          const float* xt = x + t * p.x_stride + i * 8;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[t] += wf[j] * xt[j];
-        }
-      }
+      for (int u = 0; u < kUnroll; ++u) gemv_accumulate<M>(v[u], x, p.x_stride, (i + u * 32) * 8, rows, acc);
     }
+    for (; i < n8; i += 32) gemv_accumulate<M>(__ldcs(w4 + i), x, p.x_stride, i * 8, rows, acc);
   } else {
     for (int64_t i = lane; i < p.k; i += 32) {
       const float wv = __bfloat162float(w[i]);
 #pragma unroll
-      for (int t = 0; t < kGemvMaxRows; ++t)
-        if (t < p.m) acc[t] += wv * x[t * p.x_stride + i];
+      for (int t = 0; t < M; ++t)
+        if (t < rows) acc[t] += wv * x[t * p.x_stride + i];
     }
   }
 #pragma unroll
-  for (int t = 0; t < kGemvMaxRows; ++t) {
-    if (t < p.m) {
-      const float v = warp_sum(acc[t]);
-      if (lane == 0) p.y[t * p.y_stride + h * p.y_head_stride + r] = v;
-    }
+  for (int t = 0; t < M; ++t) {
+    if (t >= rows) break;
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) p.y[(t0 + t) * p.y_stride + h * p.y_head_stride + r] = v;
   }
 }
 
 void launch_gemv(const LinearHeadsParams& p, cudaStream_t s) {
-  dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads));
-  gemv_kernel<<<grid, kGemvWarps * 32, 0, s>>>(p);
+  dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads), blocks_for(p.m, kGemvMaxRows));
+  switch (p.m) {  // rows as a template parameter: no dead accumulators, fully unrolled x loads
+    case 1: gemv_kernel<1><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    case 2: gemv_kernel<2><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    case 3: gemv_kernel<3><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    case 4: gemv_kernel<4><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    case 5: gemv_kernel<5><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    case 6: gemv_kernel<6><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    case 7: gemv_kernel<7><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+    default: gemv_kernel<8><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
+  }
 }
 
 }  // namespace
@@ -103,25 +133,10 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_size = 64u << 20;
-  void* xbuf = nullptr;  // bf16 hi/lo parts of x
-  size_t xbuf_size = 0;
-  float* tbuf = nullptr;  // [2m, n] f32 products of the two parts
-  size_t tbuf_size = 0;
+  GrowOnlyScratch xbuf;  // bf16 hi/lo parts of x
+  GrowOnlyScratch tbuf;  // [2m, n] f32 products of the two parts
   // (m, n, k, x_ld, y_ld) -> chosen algorithm
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> algos;
-
-  void ensure_xbuf(size_t bytes) {
-    if (bytes <= xbuf_size) return;
-    if (xbuf) cudaFree(xbuf);
-    xbuf_size = std::max(bytes, xbuf_size * 2);
-    KILN_CUDA_CHECK(cudaMalloc(&xbuf, xbuf_size));
-  }
-  void ensure_tbuf(size_t bytes) {
-    if (bytes <= tbuf_size) return;
-    if (tbuf) cudaFree(tbuf);
-    tbuf_size = std::max(bytes, tbuf_size * 2);
-    KILN_CUDA_CHECK(cudaMalloc(&tbuf, tbuf_size));
-  }
 };
 
 Gemm::Gemm() : impl_(new Impl) {
@@ -130,8 +145,6 @@ Gemm::Gemm() : impl_(new Impl) {
 }
 
 Gemm::~Gemm() {
-  if (impl_->xbuf) cudaFree(impl_->xbuf);
-  if (impl_->tbuf) cudaFree(impl_->tbuf);
   cudaFree(impl_->workspace);
   cublasLtDestroy(impl_->handle);
   delete impl_;
@@ -139,7 +152,9 @@ Gemm::~Gemm() {
 
 void Gemm::linear_heads(const LinearHeadsParams& p, cudaStream_t s) {
   if (p.m == 0 || p.n == 0 || p.heads == 0) return;
-  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {
+  // The absorbed folds (16-128 small heads): per-head weights are small and reused by every row,
+  // so the chunked GEMV beats a loop of per-head GEMMs up to a few hundred rows.
+  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxHeadsRows) {
     launch_gemv(p, s);
     return;
   }
@@ -167,13 +182,11 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   const void* b = nullptr;
   int64_t ldb = p.k;
   if (p.w_dtype == DType::BF16) {
-    impl_->ensure_xbuf(static_cast<size_t>(2 * p.m * p.k) * 2);
-    split_bf16_kernel<<<blocks_for(p.m * p.k, 256), 256, 0, s>>>(p.x, p.x_stride ? p.x_stride : p.k,
-                                                                 static_cast<__nv_bfloat16*>(impl_->xbuf), p.m, p.k);
-    b = impl_->xbuf;
+    auto* xbuf = impl_->xbuf.get<__nv_bfloat16>(static_cast<size_t>(2 * p.m * p.k));
+    split_bf16_kernel<<<blocks_for(p.m * p.k, 256), 256, 0, s>>>(p.x, p.x_stride ? p.x_stride : p.k, xbuf, p.m, p.k);
+    b = xbuf;
     rows = 2 * p.m;
-    impl_->ensure_tbuf(static_cast<size_t>(2 * p.m * p.n) * 4);
-    y = impl_->tbuf;
+    y = impl_->tbuf.get<float>(static_cast<size_t>(2 * p.m * p.n));
     ys = p.n;
   } else {
     KILN_REQUIRE(p.w_dtype == DType::F32, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));

@@ -1,13 +1,19 @@
 // Absorbed MLA over the paged latent cache (decode and speculative verification).
 //
-// Each latent row (576 f32: c_kv ‖ k_pe) is shared by every head, so a CTA takes a tile of 16
-// heads and streams rows through shared memory once for all of them; head counts that are not a
-// multiple of 16 (1, 5, 12, 24, ...) mask the tail of the last tile. Long contexts split across
-// CTAs (split-KV); a second kernel merges the partial softmaxes by log-sum-exp.
+// Each latent row (c_kv ‖ k_pe) is shared by every head, so a CTA takes a tile of 16 heads and
+// streams rows through shared memory once for all of them; head counts that are not a multiple of
+// 16 (1, 5, 12, 24, ...) mask the tail of the last tile. Long contexts split across CTAs
+// (split-KV); a second kernel merges the partial softmaxes by log-sum-exp. The grid depends only
+// on total_q, the head count and the GPU, never on context lengths (CUDA-graph capture).
+//
+// Two kernels: bf16 pools of the DeepSeek-V3 shape (kv_lora 512, rope 64) run on tensor cores
+// (mla_decode_mma.cuh); f32 pools and other latent shapes (the small test models) run the CUDA-core
+// kernel below.
 #include <algorithm>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/mla/mla_decode_mma.cuh"
 
 namespace kiln::ops::cuda {
 namespace {
@@ -16,24 +22,21 @@ constexpr int kHeads = 16;  // heads per CTA tile
 constexpr int kRows = 16;   // latent rows per iteration
 constexpr int kThreads = 256;
 constexpr int kMaxSplits = 64;
+constexpr int kMaxMmaSplits = 128;  // one sequence may spread over ~every SM
 
 struct DecodeShape {
   int64_t row, kv_lora, pad;  // row = kv_lora + rope; pad: shared row stride (row + 1, bank-conflict free)
 };
 
-__device__ int64_t seq_of(const int32_t* cu_q, int64_t num_seqs, int64_t qi) {
-  int64_t lo = 0, hi = num_seqs - 1;  // last b with cu_q[b] <= qi
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (cu_q[mid] <= qi)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
+__device__ __forceinline__ float pool_value(const float* pool, int64_t i) {
+  return pool[i];
+}
+__device__ __forceinline__ float pool_value(const __nv_bfloat16* pool, int64_t i) {
+  return __bfloat162float(pool[i]);
 }
 
 // grid: (splits, total_q, head_tiles). Writes unnormalised partial outputs and (max, sum) per head.
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
     mla_decode_partial(MlaAbsorbedParams p, DecodeShape sh, int splits, float* part_out, float* part_ml) {
   extern __shared__ float smem[];
@@ -50,7 +53,9 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   const int64_t b = seq_of(p.cu_q, p.num_seqs, qi);
   const int64_t q_len = p.cu_q[b + 1] - p.cu_q[b], kv_len = p.kv.kv_lens[b];
-  const int64_t visible = kv_len - q_len + (qi - p.cu_q[b]) + 1;
+  // kv_len 0 is a padding sequence: no rows, zero output, its block table never read.
+  const int64_t visible = kv_len > 0 ? max(int64_t{0}, kv_len - q_len + (qi - p.cu_q[b]) + 1) : 0;
+  const T* pool = static_cast<const T*>(p.kv.pool);
   const int64_t chunk = ((visible + splits - 1) / splits + kRows - 1) / kRows * kRows;
   const int64_t j0 = split * chunk, j1 = min(visible, j0 + chunk);
 
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = tid; i < n * sh.row; i += kThreads) {
       const int64_t r = i / sh.row, d = i % sh.row, j = jb + r;
       const int64_t blk = p.kv.block_table[b * p.kv.max_blocks + j / p.kv.block_size];
-      kv_s[r * sh.pad + d] = p.kv.pool[(blk * p.kv.block_size + j % p.kv.block_size) * sh.row + d];
+      kv_s[r * sh.pad + d] = pool_value(pool, (blk * p.kv.block_size + j % p.kv.block_size) * sh.row + d);
     }
     __syncthreads();
     {  // scores: thread -> (head, row)
@@ -133,40 +138,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid: (total_q, num_heads); merges the splits by log-sum-exp.
+constexpr int kMaxCombineSplits = 256;  // >= kMaxSplits and kMaxMmaSplits
+
+// grid: (total_q, num_heads); merges the splits by log-sum-exp. Each split's weight exp(m - max)
+// is computed once, in parallel, into shared memory, and splits that saw no rows are skipped
+// without touching memory: the old per-split chain of dependent L2 loads cost ~30 us at 128.
 __global__ void mla_decode_combine(const float* part_out, const float* part_ml, int splits, int64_t total_q,
                                    int64_t num_heads, int64_t kv_lora, float* out) {
+  __shared__ float w_s[kMaxCombineSplits], red[32];
   const int64_t qi = blockIdx.x, h = blockIdx.y;
+  const int64_t stride = total_q * num_heads;  // between splits, in (q, head) slots
+  const int64_t slot = qi * num_heads + h;
   float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_ml[((s * total_q + qi) * num_heads + h) * 2]);
+  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) mx = fmaxf(mx, part_ml[(sp * stride + slot) * 2]);
+  mx = block_max(mx, red);
   float denom = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float m = part_ml[((s * total_q + qi) * num_heads + h) * 2];
-    if (m != -INFINITY) denom += part_ml[((s * total_q + qi) * num_heads + h) * 2 + 1] * __expf(m - mx);
+  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+    const float m = part_ml[(sp * stride + slot) * 2];
+    const float e = m == -INFINITY ? 0.0f : __expf(m - mx);
+    w_s[sp] = e;
+    denom += e * part_ml[(sp * stride + slot) * 2 + 1];
   }
+  denom = block_sum(denom, red);                         // its barriers also publish w_s
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;  // 0: no visible rows, the output is 0
   for (int64_t c = threadIdx.x; c < kv_lora; c += blockDim.x) {
     float v = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float m = part_ml[((s * total_q + qi) * num_heads + h) * 2];
-      if (m != -INFINITY) v += part_out[((s * total_q + qi) * num_heads + h) * kv_lora + c] * __expf(m - mx);
-    }
-    out[(qi * num_heads + h) * kv_lora + c] = v / denom;
+    for (int sp = 0; sp < splits; ++sp)
+      if (w_s[sp] != 0.0f) v += part_out[(sp * stride + slot) * kv_lora + c] * w_s[sp];
+    out[slot * kv_lora + c] = v * inv;
   }
 }
-
-// Scratch for the split partials, grown on demand.
-struct Scratch {
-  float* ptr = nullptr;
-  size_t bytes = 0;
-  float* get(size_t need) {
-    if (need > bytes) {
-      if (ptr) cudaFree(ptr);
-      bytes = std::max(need, bytes * 2);
-      KILN_CUDA_CHECK(cudaMalloc(&ptr, bytes));
-    }
-    return ptr;
-  }
-};
 
 int sm_count() {
   static int n = [] {
@@ -178,11 +179,25 @@ int sm_count() {
   return n;
 }
 
-}  // namespace
+// Partial outputs of the splits; shared by both kernels (one stream, grow-only for graph capture).
+GrowOnlyScratch& part_out_scratch() {
+  static GrowOnlyScratch s;
+  return s;
+}
+GrowOnlyScratch& part_ml_scratch() {
+  static GrowOnlyScratch s;
+  return s;
+}
 
-void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
+void combine(const MlaAbsorbedParams& p, const float* po, const float* pm, int splits, cudaStream_t s) {
+  mla_decode_combine<<<dim3(static_cast<unsigned>(p.total_q), static_cast<unsigned>(p.num_heads)), 128, 0, s>>>(
+      po, pm, splits, p.total_q, p.num_heads, p.kv_lora, p.out);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   const int64_t total_q = p.total_q;
-  if (total_q == 0) return;
   KILN_REQUIRE(p.kv_lora % 2 == 0 && p.kv_lora <= 2 * kThreads,
                "mla_absorbed: kv_lora " + std::to_string(p.kv_lora) + " must be even and <= 512");
   const DecodeShape sh{p.kv_lora + p.rope_dim, p.kv_lora, p.kv_lora + p.rope_dim + 1};
@@ -192,19 +207,65 @@ void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
   const int splits = static_cast<int>(std::clamp<int64_t>((2 * sm_count() + ctas - 1) / ctas, 1, kMaxSplits));
   const size_t smem = sizeof(float) * static_cast<size_t>((kHeads + kRows) * sh.pad + kHeads * kRows + 3 * kHeads);
   static bool attr = [smem] {
-    cudaFuncSetAttribute(mla_decode_partial, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
+    cudaFuncSetAttribute(mla_decode_partial<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
     return smem > 0;
   }();
   (void)attr;
-  static Scratch part_out, part_ml;
-  float* po = splits == 1 ? p.out : part_out.get(sizeof(float) * splits * total_q * p.num_heads * p.kv_lora);
-  float* pm = part_ml.get(sizeof(float) * splits * total_q * p.num_heads * 2);
+  float* po = splits == 1
+                  ? p.out
+                  : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));
+  float* pm = part_ml_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * 2));
   dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(total_q), static_cast<unsigned>(head_tiles));
-  mla_decode_partial<<<grid, kThreads, smem, s>>>(p, sh, splits, po, pm);
+  mla_decode_partial<T><<<grid, kThreads, smem, s>>>(p, sh, splits, po, pm);
   KILN_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1)
-    mla_decode_combine<<<dim3(static_cast<unsigned>(total_q), static_cast<unsigned>(p.num_heads)), 128, 0, s>>>(
-        po, pm, splits, total_q, p.num_heads, p.kv_lora, p.out);
+  if (splits > 1) combine(p, po, pm, splits, s);
+}
+
+// How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs).
+template <int HT, int STAGES>
+int64_t mma_slots() {
+  static const int64_t n = [] {
+    constexpr size_t smem = mma_decode::smem_bytes<HT, STAGES>();
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(mma_decode::mla_decode_mma_kernel<HT, STAGES>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    int per_sm = 0;
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, mma_decode::mla_decode_mma_kernel<HT, STAGES>, HT * mma_decode::kWarpsPerTile * 32, smem));
+    return static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
+  }();
+  return n;
+}
+
+template <int HT, int STAGES>
+void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
+  const int64_t total_q = p.total_q, head_tiles = (p.num_heads + kHeads - 1) / kHeads;
+  const int64_t head_groups = (head_tiles + HT - 1) / HT, ctas = total_q * head_groups;
+  // Splits fill at most one wave: a second, partial wave would cost as much as a full one.
+  const int splits = static_cast<int>(std::clamp<int64_t>(mma_slots<HT, STAGES>() / ctas, 1, kMaxMmaSplits));
+  float* po = splits == 1
+                  ? p.out
+                  : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));
+  float* pm = part_ml_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * 2));
+  const int64_t blocks = ctas * splits;
+  KILN_REQUIRE(blocks < (int64_t{1} << 31), "mla_absorbed: too many query rows for one launch");
+  mma_decode::mla_decode_mma_kernel<HT, STAGES>
+      <<<static_cast<unsigned>(blocks), HT * mma_decode::kWarpsPerTile * 32, mma_decode::smem_bytes<HT, STAGES>(), s>>>(
+          p, splits, static_cast<int>(head_groups), po, pm);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  if (splits > 1) combine(p, po, pm, splits, s);
+}
+
+}  // namespace
+
+void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
+  if (p.total_q == 0) return;
+  KILN_REQUIRE(p.kv.pool_dtype == DType::F32 || p.kv.pool_dtype == DType::BF16,
+               std::string("mla_absorbed: unsupported KV pool dtype ") + dtype_name(p.kv.pool_dtype));
+  if (p.kv.pool_dtype == DType::F32) return launch_cuda_cores<float>(p, s);
+  if (p.kv_lora != mma_decode::kLora || p.rope_dim != mma_decode::kRope) return launch_cuda_cores<__nv_bfloat16>(p, s);
+  // One 16-head tile: 4 warps, two CTAs per SM. More: two tiles share each KV tile (8 warps).
+  if (p.num_heads <= kHeads) return launch_mma<1, 2>(p, s);
+  launch_mma<2, 3>(p, s);
 }
 
 }  // namespace kiln::ops::cuda

@@ -1,0 +1,276 @@
+// Absorbed MLA decode over the bf16 latent pool on tensor cores (mma.sync m16n8k16, bf16 operands,
+// f32 accumulation). Included by mla_decode.cu only; specialised to the DeepSeek-V3 latent shape
+// (kv_lora 512, rope 64: 576-wide rows), which every model of the family shares.
+//
+// Bytes: a query row of sequence b reads its visible rows once, kv_len * 576 * 2 bytes per sequence
+// (1152 B a row; 9.4 MB at 8k context), plus q (heads * 576 * 4) and out (heads * 512 * 4). The
+// arithmetic per row is heads * (576 + 512) * 2 FLOPs, i.e. 30 FLOP/byte at 16 heads (~145 TFLOP/s
+// at 4.8 TB/s: memory bound for mma.sync) but 240 FLOP/byte at 128 heads (compute bound).
+//
+// CTA: one query row, one split of its context, HT tiles of 16 heads (warps 4t..4t+3 own tile t).
+// The KV tile (32 rows x 576) is streamed once per CTA through a cp.async ring of STAGES stages
+// and shared by all its head tiles. Per tile of 16 heads:
+//   S = Q·Kᵀ  each warp takes a quarter of the 576 dims (9 k-steps; its Q fragments stay in
+//             registers) for all 32 rows, and the four partial S meet in shared memory;
+//   softmax   every warp sums the four partials in the same order (identical S in all four), then
+//             runs the online softmax in f32 in registers; P is rounded to bf16 as the A operand;
+//   O += P·V  V is the first 512 columns of the same smem rows (no second read); each warp owns
+//             128 output columns (16 n-tiles: 64 f32 accumulators per thread).
+// Splits: CTAs over (query, split, head group) fill the GPU once; a split covers a 32-row-aligned
+// chunk of the context, computed in the kernel, so the launch never depends on context lengths.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/mma.cuh"
+
+namespace kiln::ops::cuda {
+namespace mma_decode {
+
+constexpr int kLora = 512, kRope = 64, kRow = kLora + kRope;
+constexpr int kTileRows = 32;                               // KV rows per pipeline stage
+constexpr int kWarpsPerTile = 4;                            // warps per 16-head tile
+constexpr int kRowStride = kRow * 2 + 16;                   // bytes: +16 puts 8 ldmatrix rows on distinct banks
+constexpr int kStageBytes = kTileRows * kRowStride;         // 37,376 B
+constexpr int kKSteps = kRow / 16 / kWarpsPerTile;          // 9 k-steps of the QK product per warp
+constexpr int kWarpCols = kLora / kWarpsPerTile;            // 128 output columns per warp
+constexpr int kChunks = kRow * 2 / 16;                      // 72 16-byte chunks per row
+constexpr int kSStride = kTileRows + 8;                     // floats per row of the S exchange (no conflicts)
+constexpr int kSBytes = kWarpsPerTile * 16 * kSStride * 4;  // one head tile's S exchange
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+template <int HT, int STAGES>
+constexpr size_t smem_bytes() {
+  return static_cast<size_t>(STAGES * kStageBytes + HT * kSBytes);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 zero-fills (rows past the context). The
+// 128-byte L2 prefetch hint fetches whole lines: a warp's request covers 64 B of each of 8 rows.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// grid.x = total_q * splits * head_groups, head group fastest: the CTAs that read the same KV rows
+// run side by side and meet in L2. Writes normalised outputs when splits == 1, else unnormalised
+// partials [splits, total_q, heads, 512] and (max, sum) [splits, total_q, heads, 2] (natural log).
+template <int HT, int STAGES>
+__global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
+    mla_decode_mma_kernel(MlaAbsorbedParams p, int splits, int head_groups, float* part_out, float* part_ml) {
+  constexpr int kThreads = HT * kWarpsPerTile * 32;
+  constexpr int kTpr = kThreads / kTileRows;  // loader threads per KV row
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* sx_all = reinterpret_cast<float*>(smem + STAGES * kStageBytes);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ht = warp / kWarpsPerTile, wq = warp % kWarpsPerTile;
+  const int g = lane >> 2, q4 = lane & 3;  // mma fragment coordinates: row group, thread in group
+  const int hg = static_cast<int>(blockIdx.x % head_groups);
+  const int64_t rest = blockIdx.x / head_groups;
+  const int split = static_cast<int>(rest % splits);
+  const int64_t qi = rest / splits, H = p.num_heads;
+  const int64_t h0 = (static_cast<int64_t>(hg) * HT + ht) * 16;
+  const bool active = h0 < H;  // a whole tile past the last head only helps load KV
+
+  const int64_t b = seq_of(p.cu_q, p.num_seqs, qi);
+  const int64_t q_len = p.cu_q[b + 1] - p.cu_q[b], kv_len = p.kv.kv_lens[b];
+  // Causal suffix: query i of q_len sees kv_len - q_len + i + 1 rows; kv_len 0 (padding) sees none.
+  const int64_t visible = kv_len > 0 ? max(int64_t{0}, kv_len - q_len + (qi - p.cu_q[b]) + 1) : 0;
+  const int64_t chunk = ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows;
+  const int64_t j0 = split * chunk, j1 = min(visible, j0 + chunk);
+  const int ntiles = j1 > j0 ? static_cast<int>((j1 - j0 + kTileRows - 1) / kTileRows) : 0;
+
+  // Q fragments of this warp's 144 dims, f32 -> bf16 once (padding heads are zeros).
+  uint32_t qf[kKSteps][4];
+  {
+    const float* q_lo = p.q + (qi * H + h0 + g) * kRow;
+    const float* q_hi = q_lo + 8 * kRow;
+    const bool lo_ok = active && h0 + g < H, hi_ok = active && h0 + g + 8 < H;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int d = (wq * kKSteps + ks) * 16 + 2 * q4;
+      const float2 zero = make_float2(0.0f, 0.0f);
+      const float2 a = lo_ok ? *reinterpret_cast<const float2*>(q_lo + d) : zero;
+      const float2 bb = hi_ok ? *reinterpret_cast<const float2*>(q_hi + d) : zero;
+      const float2 c = lo_ok ? *reinterpret_cast<const float2*>(q_lo + d + 8) : zero;
+      const float2 e = hi_ok ? *reinterpret_cast<const float2*>(q_hi + d + 8) : zero;
+      qf[ks][0] = pack_bf16(a.x, a.y);
+      qf[ks][1] = pack_bf16(bb.x, bb.y);
+      qf[ks][2] = pack_bf16(c.x, c.y);
+      qf[ks][3] = pack_bf16(e.x, e.y);
+    }
+  }
+
+  // Loader: thread -> one row of the tile, chunks lr, lr + kTpr, ... (one block-table lookup a tile).
+  const int lrow = tid / kTpr, lr = tid % kTpr;
+  const __nv_bfloat16* pool = static_cast<const __nv_bfloat16*>(p.kv.pool);
+  const int32_t* table = p.kv.block_table + b * p.kv.max_blocks;
+  auto issue = [&](int t) {
+    const int64_t j = j0 + static_cast<int64_t>(t) * kTileRows + lrow;
+    const __nv_bfloat16* src = pool;  // any valid address when zero-filling
+    int bytes = 0;
+    if (j < j1) {
+      const int64_t slot = static_cast<int64_t>(table[j / p.kv.block_size]) * p.kv.block_size + j % p.kv.block_size;
+      src = pool + slot * kRow;
+      bytes = 16;
+    }
+    const uint32_t dst = smem_u32(smem + (t % STAGES) * kStageBytes + lrow * kRowStride);
+#pragma unroll
+    for (int c = lr; c < kChunks; c += kTpr) cp_async16(dst + c * 16, src + c * 8, bytes);
+  };
+
+  float o[kWarpCols / 8][4];
+#pragma unroll
+  for (int j = 0; j < kWarpCols / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g and g + 8, log2 units
+  const float sl2 = p.scale * kLog2e;
+  float* sx = sx_all + ht * (kSBytes / 4);
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) issue(s);
+    cp_async_commit();
+  }
+  for (int t = 0; t < ntiles; ++t) {
+    cp_async_wait<STAGES - 2>();                         // this thread's chunks of tile t have landed
+    __syncthreads();                                     // everyone's have, and everyone is done with tile t - 1
+    if (t + STAGES - 1 < ntiles) issue(t + STAGES - 1);  // into tile t - 1's stage
+    cp_async_commit();
+    if (!active) continue;
+    const uint32_t base = smem_u32(smem + (t % STAGES) * kStageBytes);
+
+    // S partial over this warp's dims: 4 n-tiles of 8 rows.
+    float sp[4][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int col = (wq * kKSteps + ks) * 16 + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        uint32_t kb[4];
+        ldsm_x4(kb, base + row * kRowStride + col * 2);
+        mma_bf16(sp[2 * np], qf[ks], kb[0], kb[1]);
+        mma_bf16(sp[2 * np + 1], qf[ks], kb[2], kb[3]);
+      }
+    }
+    float* mine = sx + wq * 16 * kSStride;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      *reinterpret_cast<float2*>(mine + g * kSStride + 8 * n + 2 * q4) = make_float2(sp[n][0], sp[n][1]);
+      *reinterpret_cast<float2*>(mine + (g + 8) * kSStride + 8 * n + 2 * q4) = make_float2(sp[n][2], sp[n][3]);
+    }
+    named_barrier(1 + ht, kWarpsPerTile * 32);
+    // Full S in log2 units, masked past the chunk's end; the same order of sums in every warp.
+    const int64_t jt = j0 + static_cast<int64_t>(t) * kTileRows;
+    float s[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int c = 8 * n + 2 * q4;
+        float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < kWarpsPerTile; ++w) {
+          const float2 x = *reinterpret_cast<const float2*>(sx + (w * 16 + g + 8 * r) * kSStride + c);
+          v.x += x.x;
+          v.y += x.y;
+        }
+        s[n][2 * r] = jt + c < j1 ? v.x * sl2 : -INFINITY;
+        s[n][2 * r + 1] = jt + c + 1 < j1 ? v.y * sl2 : -INFINITY;
+      }
+    }
+    // Online softmax per row; each row's 32 scores sit in one quad (4 lanes x 8).
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[r], mx);  // finite: every tile has a visible row
+      const float corr = exp2f(m_run[r] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        s[n][2 * r] = exp2f(s[n][2 * r] - m_new);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - m_new);
+        sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run[r] = l_run[r] * corr + sum;
+      m_run[r] = m_new;
+#pragma unroll
+      for (int j = 0; j < kWarpCols / 8; ++j) {
+        o[j][2 * r] *= corr;
+        o[j][2 * r + 1] *= corr;
+      }
+    }
+    // The S accumulators of n-tiles 2k, 2k+1 are exactly the A fragment of k-step k.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      pa[k][0] = pack_bf16(s[2 * k][0], s[2 * k][1]);
+      pa[k][1] = pack_bf16(s[2 * k][2], s[2 * k][3]);
+      pa[k][2] = pack_bf16(s[2 * k + 1][0], s[2 * k + 1][1]);
+      pa[k][3] = pack_bf16(s[2 * k + 1][2], s[2 * k + 1][3]);
+    }
+    // O += P·V over this warp's 128 columns; ldmatrix.trans turns row-major V into B fragments.
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int row = k * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int jp = 0; jp < kWarpCols / 16; ++jp) {
+        const int col = wq * kWarpCols + jp * 16 + (lane >> 4) * 8;
+        uint32_t vb[4];
+        ldsm_x4_t(vb, base + row * kRowStride + col * 2);
+        mma_bf16(o[2 * jp], pa[k], vb[0], vb[1]);
+        mma_bf16(o[2 * jp + 1], pa[k], vb[2], vb[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing may land in shared memory after the CTA exits
+
+  if (!active) return;
+  const int64_t total_q = p.total_q, slot = static_cast<int64_t>(split) * total_q + qi;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t h = h0 + g + 8 * r;
+    if (h >= H) continue;
+    const float inv = splits == 1 ? (l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f) : 1.0f;
+    float* dst = (splits == 1 ? p.out + (qi * H + h) * kLora : part_out + (slot * H + h) * kLora) + wq * kWarpCols;
+#pragma unroll
+    for (int j = 0; j < kWarpCols / 8; ++j)
+      *reinterpret_cast<float2*>(dst + 8 * j + 2 * q4) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    if (splits > 1 && wq == 0 && q4 == 0) {
+      part_ml[(slot * H + h) * 2] = m_run[r] * kLn2;  // -inf stays -inf: the combine skips empty splits
+      part_ml[(slot * H + h) * 2 + 1] = l_run[r];
+    }
+  }
+}
+
+}  // namespace mma_decode
+}  // namespace kiln::ops::cuda

@@ -1,0 +1,25 @@
+// Tensor-core building blocks shared by the mma.sync kernels (MLA decode and prefill, grouped MoE).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace kiln::ops::cuda {
+
+// d += a·b for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, bf16 in, f32 accumulators).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 as one bf16x2 register, rounded to nearest even; lo is the lower column.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace kiln::ops::cuda

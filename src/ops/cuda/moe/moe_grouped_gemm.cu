@@ -1,0 +1,298 @@
+// The two grouped expert GEMMs (see moe_internal.cuh for the layout they read).
+//
+// One kernel template, mma.sync m16n8k16 (bf16 in, f32 accumulate) with ldmatrix and a cp.async
+// multi-stage pipeline. A CTA owns one bm-row tile (one expert) and 128 weight rows, K in steps of
+// 64 (128-byte shared rows, 16-byte chunks XOR-swizzled by row so ldmatrix is conflict-free):
+//  - gate/up: the 128 weight rows are gate rows j0..j0+63 and up rows I+j0..I+j0+63, and each warp
+//    holds the gate and up accumulators of the same (row, j), so SwiGLU runs in the epilogue.
+//  - down: 128 output columns of hidden.
+// The activation operand is the bf16 pair (hi, lo) of an f32 value: two mma per fragment into one
+// f32 accumulator, the weights read once (the precision gemm.cu keeps for every other GEMM).
+// Ragged edges: A rows of padding slots, weight rows past N and k past K load as zeros (cp.async
+// zero-fill); weights whose K is not a multiple of 8 (odd test sizes only) take a scalar load path.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/mma.cuh"
+#include "ops/cuda/moe/moe_internal.cuh"
+
+namespace kiln::ops::cuda::moe_detail {
+namespace {
+
+constexpr int kBK = 64;        // k per pipeline stage
+constexpr int kBRows = 128;    // weight rows per CTA
+constexpr int kGateCols = 64;  // gate (and up) columns per CTA in the gate/up GEMM
+
+struct KernelArgs {
+  const __nv_bfloat16* a;  // [2][a_rows][lda]: hi rows then lo rows (lo at a + a_lo)
+  int64_t a_lo, lda;
+  const int32_t* sorted_slot;  // gate/up only: A row of padded row r is sorted_slot[r] / top_k
+  int64_t top_k;
+  const int32_t* tile_expert;  // [max_tiles]
+  const __nv_bfloat16* w;      // [E, w_rows, K]
+  int64_t w_rows, K, n;        // n: output columns (inter or hidden)
+  bool w_vec;                  // K % 8 == 0 and w 16-byte aligned: weights go through cp.async
+  __nv_bfloat16* act;          // gate/up out: [2][rows][ldo], lo at act + act_lo
+  int64_t act_lo, ldo;
+  float* y;  // down out: [rows, n]
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+// Element offset of 16-byte chunk `ch` (0..7) of shared row `r`: chunks XOR-swizzled by row.
+__device__ __forceinline__ int swz(int r, int ch) {
+  return r * kBK + ((ch ^ (r & 7)) << 3);
+}
+
+template <int BM, int WM, int WN>
+struct Tile {
+  static constexpr int kThreads = WM * WN * 32;
+  static constexpr int kWarpRows = BM / WM, kMI = kWarpRows / 16;
+  static constexpr int kNT = kBRows / (8 * WN);  // n8 tiles per warp (gate/up: half gate, half up)
+  static constexpr int kAElems = BM * kBK, kStageElems = 2 * kAElems + kBRows * kBK;
+  static_assert(kWarpRows % 16 == 0 && kNT % 4 == 0, "warp tile must be whole m16 rows and n8 pairs per set");
+};
+
+// grid: (ceil(n / cols per CTA), max_tiles); dynamic smem: STAGES x (A hi, A lo, W) bf16 tiles.
+template <int BM, int WM, int WN, int STAGES, bool kGateUp>
+__global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p) {
+  using TL = Tile<BM, WM, WN>;
+  constexpr int kThreads = TL::kThreads, kMI = TL::kMI, kNT = TL::kNT;
+  const int64_t tile = blockIdx.y;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;  // past the real tiles: the grid is sized by the bound
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __shared__ int64_t a_off[BM];  // element offset of each A row inside one part; -1 = zero row
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WN, wn = warp % WN;
+  const int64_t row0 = tile * BM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kGateCols : kBRows);
+  for (int r = tid; r < BM; r += kThreads) {
+    if (kGateUp) {
+      const int32_t slot = p.sorted_slot[row0 + r];
+      a_off[r] = slot < 0 ? -1 : (slot / p.top_k) * p.lda;
+    } else {
+      a_off[r] = (row0 + r) * p.lda;
+    }
+  }
+  __syncthreads();
+  const __nv_bfloat16* w_e = p.w + static_cast<int64_t>(e) * p.w_rows * p.K;
+  // Weight row of shared B row rr, or -1 past N.
+  auto w_row = [&](int rr) -> int64_t {
+    if (kGateUp) {
+      const int64_t j = n0 + (rr & (kGateCols - 1));
+      return j < p.n ? (rr < kGateCols ? j : p.n + j) : -1;
+    }
+    const int64_t j = n0 + rr;
+    return j < p.n ? j : -1;
+  };
+  const int KT = static_cast<int>((p.K + kBK - 1) / kBK);
+
+  auto load_stage = [&](int stage, int kt) {
+    __nv_bfloat16* sa = smem + stage * TL::kStageElems;
+    __nv_bfloat16* sb = sa + 2 * TL::kAElems;
+    const int64_t k0 = static_cast<int64_t>(kt) * kBK;
+    for (int c = tid; c < 2 * BM * 8; c += kThreads) {
+      const int part = c / (BM * 8), r = (c >> 3) % BM, ch = c & 7;
+      const int64_t k = k0 + ch * 8, off = a_off[r];
+      const bool ok = off >= 0 && k < p.lda;  // A pad columns [K, lda) hold zeros
+      cp_async16(sa + part * TL::kAElems + swz(r, ch), ok ? p.a + part * p.a_lo + off + k : p.a, ok);
+    }
+    for (int c = tid; c < kBRows * 8; c += kThreads) {
+      const int rr = c >> 3, ch = c & 7;
+      const int64_t k = k0 + ch * 8, wr = w_row(rr);
+      __nv_bfloat16* dst = sb + swz(rr, ch);
+      if (p.w_vec) {
+        const bool ok = wr >= 0 && k < p.K;
+        cp_async16(dst, ok ? w_e + wr * p.K + k : p.w, ok);
+      } else {
+        alignas(16) __nv_bfloat16 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = wr >= 0 && k + i < p.K ? w_e[wr * p.K + k + i] : __float2bfloat16(0.0f);
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+      }
+    }
+  };
+
+  // Shared B row of the first row of warp n8 tile q: gate/up keeps q < kNT/2 on gate rows and
+  // q >= kNT/2 on the matching up rows, so acc[.][q] and acc[.][q + kNT/2] hold the same (row, j).
+  auto b_row = [&](int q) -> int {
+    if (kGateUp) {
+      constexpr int kHalf = kNT / 2;
+      return (q / kHalf) * kGateCols + wn * (kGateCols / WN) + (q % kHalf) * 8;
+    }
+    return wn * (kBRows / WN) + q * 8;
+  };
+
+  float acc[kMI][kNT][4];
+#pragma unroll
+  for (int i = 0; i < kMI; ++i)
+#pragma unroll
+    for (int q = 0; q < kNT; ++q)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][q][v] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();  // empty groups keep the wait count uniform
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for everyone; stage kt-1 is no longer read
+    if (kt + STAGES - 1 < KT) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    cp_async_commit();
+    const __nv_bfloat16* sa = smem + (kt % STAGES) * TL::kStageElems;
+    const __nv_bfloat16* sb = sa + 2 * TL::kAElems;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t ahi[kMI][4], alo[kMI][4], b[kNT][2];
+#pragma unroll
+      for (int i = 0; i < kMI; ++i) {
+        const int r = wm * TL::kWarpRows + i * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
+        ldmatrix_x4(ahi[i], sa + swz(r, ch));
+        ldmatrix_x4(alo[i], sa + TL::kAElems + swz(r, ch));
+      }
+#pragma unroll
+      for (int q = 0; q < kNT; q += 2) {  // one x4 load: n8 tiles q and q+1, k halves 0 and 1
+        uint32_t t[4];
+        ldmatrix_x4(t, sb + swz(b_row(q) + ((lane >> 4) << 3) + (lane & 7), ks * 2 + ((lane >> 3) & 1)));
+        b[q][0] = t[0];
+        b[q][1] = t[1];
+        b[q + 1][0] = t[2];
+        b[q + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < kMI; ++i)
+#pragma unroll
+        for (int q = 0; q < kNT; ++q) {
+          mma_bf16(acc[i][q], ahi[i], b[q][0], b[q][1]);
+          mma_bf16(acc[i][q], alo[i], b[q][0], b[q][1]);
+        }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator v of tile (i, q): row g (+8 for v >= 2), columns 2*tq and 2*tq+1.
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int i = 0; i < kMI; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + wm * TL::kWarpRows + i * 16 + g + h * 8;
+      if (kGateUp) {
+#pragma unroll
+        for (int q = 0; q < kNT / 2; ++q) {
+          const int64_t j = n0 + wn * (kGateCols / WN) + q * 8 + 2 * tq;
+          if (j >= p.ldo) continue;  // ldo is a multiple of 8, so j + 1 < ldo too
+          float v[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float gt = acc[i][q][2 * h + c], up = acc[i][q + kNT / 2][2 * h + c];
+            v[c] = j + c < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // pad columns stay 0
+          }
+          const __nv_bfloat162 hi = __floats2bfloat162_rn(v[0], v[1]);
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0] - __low2float(hi), v[1] - __high2float(hi));
+          *reinterpret_cast<__nv_bfloat162*>(p.act + row * p.ldo + j) = hi;
+          *reinterpret_cast<__nv_bfloat162*>(p.act + p.act_lo + row * p.ldo + j) = lo;
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < kNT; ++q) {
+          const int64_t j = n0 + wn * (kBRows / WN) + q * 8 + 2 * tq;
+          float* dst = p.y + row * p.n + j;
+          const float v0 = acc[i][q][2 * h], v1 = acc[i][q][2 * h + 1];
+          if (j + 1 < p.n && (p.n & 1) == 0) {
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+          } else {
+            if (j < p.n) dst[0] = v0;
+            if (j + 1 < p.n) dst[1] = v1;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int BM, int WM, int WN, int STAGES, bool kGateUp>
+void launch(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
+  constexpr size_t kSmem = static_cast<size_t>(STAGES) * Tile<BM, WM, WN>::kStageElems * sizeof(__nv_bfloat16);
+  auto* kernel = grouped_gemm_kernel<BM, WM, WN, STAGES, kGateUp>;
+  // The opt-in above 48 KiB is set on every launch (a host-side call, no stream work, so capture-safe):
+  // it is per device, and a once-per-process flag would miss the second GPU's worker thread.
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
+  const int64_t cols = kGateUp ? kGateCols : kBRows;
+  const dim3 grid(static_cast<unsigned>((args.n + cols - 1) / cols), static_cast<unsigned>(max_tiles));
+  kernel<<<grid, Tile<BM, WM, WN>::kThreads, kSmem, s>>>(args);
+}
+
+// Tile shapes by M tile: 16 and 32 rows (decode-sized batches, weight-bandwidth bound: small
+// tiles waste little on padding, 4 warps side by side along N), 64 rows (prefill: 2 x 2 warps,
+// 32 x 64 warp tiles). Two CTAs fit per SM in every case (80-96 KiB of shared memory each).
+template <bool kGateUp>
+void dispatch(const KernelArgs& args, const AlignedLayout& l, cudaStream_t s) {
+  KILN_REQUIRE(l.max_tiles <= 65535, "moe: " + std::to_string(l.max_tiles) + " expert tiles exceed the grid limit");
+  switch (l.bm) {
+    case 16: launch<16, 1, 4, 4, kGateUp>(args, l.max_tiles, s); break;
+    case 32: launch<32, 1, 4, 4, kGateUp>(args, l.max_tiles, s); break;
+    case 64: launch<64, 2, 2, 3, kGateUp>(args, l.max_tiles, s); break;
+    default: throw_error("moe: no grouped GEMM for an M tile of " + std::to_string(l.bm));
+  }
+}
+
+bool vec_ok(const void* w, int64_t K) {
+  return K % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+}  // namespace
+
+void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s) {
+  KernelArgs k{};
+  k.a = a.x_split;
+  k.a_lo = a.num_tokens * a.hidden_pad;
+  k.lda = a.hidden_pad;
+  k.sorted_slot = l.sorted_slot;
+  k.top_k = a.top_k;
+  k.tile_expert = l.tile_expert;
+  k.w = a.w_gate_up;
+  k.w_rows = 2 * a.inter;
+  k.K = a.hidden;
+  k.n = a.inter;
+  k.w_vec = vec_ok(a.w_gate_up, a.hidden);
+  k.act = a.act_split;
+  k.act_lo = l.max_tiles * l.bm * a.inter_pad;
+  k.ldo = a.inter_pad;
+  dispatch<true>(k, l, s);
+}
+
+void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s) {
+  KernelArgs k{};
+  k.a = a.act_split;
+  k.a_lo = l.max_tiles * l.bm * a.inter_pad;
+  k.lda = a.inter_pad;
+  k.tile_expert = l.tile_expert;
+  k.top_k = 1;
+  k.w = a.w_down;
+  k.w_rows = a.hidden;
+  k.K = a.inter;
+  k.n = a.hidden;
+  k.w_vec = vec_ok(a.w_down, a.inter);
+  k.y = a.y;
+  dispatch<false>(k, l, s);
+}
+
+}  // namespace kiln::ops::cuda::moe_detail

@@ -1,0 +1,64 @@
+// Pieces of the device-side routed-expert path shared by moe.cu (dispatch), moe_align.cu (token
+// permutation) and moe_grouped_gemm.cu (the two grouped tensor-core GEMMs).
+//
+// Layout: the T·k (token, choice) slots are sorted by expert; each expert's rows are padded up to
+// a multiple of the M tile `bm`, so every bm-row tile belongs to one expert. The number of tiles is
+// data-dependent, but its bound max_tiles depends only on (T·k, E, bm): grids are sized by the
+// bound and CTAs of tiles past the real count (tile_expert = -1) exit at once. Nothing goes back
+// to the host, so a layer is one fixed sequence of launches (CUDA-graph capturable).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::ops::cuda::moe_detail {
+
+inline int64_t round_up(int64_t v, int64_t m) {
+  return (v + m - 1) / m * m;
+}
+
+// Σ_e ceil(c_e / bm) over the nz <= min(E, slots) experts that got tokens is at most
+// floor((slots + nz·(bm - 1)) / bm), which is also <= ceil(slots / bm) + E.
+inline int64_t max_tiles(int64_t slots, int64_t experts, int64_t bm) {
+  const int64_t nz = experts < slots ? experts : slots;
+  return (slots + nz * (bm - 1)) / bm;
+}
+
+struct AlignedLayout {
+  int32_t* sorted_slot;  // [max_tiles * bm]: slot (t * top_k + j) of each padded row; -1 = padding
+  int32_t* row_of;       // [slots]: padded row each slot landed in; -1 = expert id out of range
+  int32_t* tile_expert;  // [max_tiles]: expert owning each bm-row tile; -1 past the real tiles
+  int64_t max_tiles, bm;
+};
+
+// Builds `l` from topk_ids [slots] on the device in one single-CTA kernel.
+void moe_align(const int32_t* topk_ids, int64_t slots, int64_t experts, const AlignedLayout& l, cudaStream_t s);
+
+// Gate/up GEMM with SwiGLU in the epilogue:
+//   act[r, j] = silu(x[tok(r)] · Wg[e(r), j]) · (x[tok(r)] · Wu[e(r), j]),  tok(r) = sorted_slot[r] / top_k
+// x arrives pre-split, x ≈ x_hi + x_lo (both bf16), and act leaves split the same way: the down GEMM
+// consumes exactly the two bf16 parts it would have split an f32 act into, at the same 4 bytes per
+// value as f32, so no precision is lost against an f32 act and its operand loads are plain copies.
+struct GateUpArgs {
+  const __nv_bfloat16* x_split;  // [2][num_tokens][hidden_pad]: hi rows, then lo rows; pad columns 0
+  int64_t num_tokens, hidden, hidden_pad, top_k;
+  const __nv_bfloat16* w_gate_up;  // [E, 2 * inter, hidden]: gate rows then up rows
+  int64_t inter, inter_pad;
+  __nv_bfloat16* act_split;  // [2][max_tiles * bm][inter_pad]: hi rows, then lo rows; pad columns 0
+};
+
+// Down GEMM: y[r, h] = act[r] · Wd[e(r), h] over every padded row r (padding rows give 0).
+struct DownArgs {
+  const __nv_bfloat16* act_split;  // [2][max_tiles * bm][inter_pad]
+  int64_t inter, inter_pad;
+  const __nv_bfloat16* w_down;  // [E, hidden, inter]
+  int64_t hidden;
+  float* y;  // [max_tiles * bm, hidden]
+};
+
+void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
+void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s);
+
+}  // namespace kiln::ops::cuda::moe_detail

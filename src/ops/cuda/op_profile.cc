@@ -1,0 +1,66 @@
+#include "ops/cuda/op_profile.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace kiln::ops::cuda {
+
+bool OpProfile::requested() {
+  const char* v = std::getenv("KILN_OP_PROFILE");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
+
+cudaEvent_t OpProfile::event() {
+  if (free_.empty()) {
+    cudaEvent_t e = nullptr;
+    cudaEventCreate(&e);
+    return e;
+  }
+  cudaEvent_t e = free_.back();
+  free_.pop_back();
+  return e;
+}
+
+OpProfile::Scope::Scope(OpProfile* p, std::string name, cudaStream_t s) : p_(p), name_(std::move(name)), s_(s) {
+  if (!p_) return;
+  start_ = p_->event();
+  cudaEventRecord(start_, s_);
+}
+
+OpProfile::Scope::~Scope() {
+  if (!p_) return;
+  cudaEvent_t stop = p_->event();
+  cudaEventRecord(stop, s_);
+  p_->pending_.push_back({std::move(name_), start_, stop});
+  if (p_->pending_.size() >= 4096) p_->flush();
+}
+
+void OpProfile::flush() {
+  for (Pending& p : pending_) {
+    cudaEventSynchronize(p.stop);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, p.start, p.stop);
+    auto& [total, calls] = totals_[p.name];
+    total += ms;
+    ++calls;
+    free_.push_back(p.start);
+    free_.push_back(p.stop);
+  }
+  pending_.clear();
+}
+
+OpProfile::~OpProfile() {
+  flush();
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(totals_.begin(), totals_.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  double all = 0;
+  for (const auto& r : rows) all += r.second.first;
+  std::fprintf(stderr, "op profile (GPU time between events, %.1f ms in all):\n", all);
+  for (const auto& [name, t] : rows)
+    std::fprintf(stderr, "  %9.2f ms %5.1f%% %8lld calls %8.1f us/call  %s\n", t.first, 100 * t.first / all,
+                 static_cast<long long>(t.second), 1e3 * t.first / static_cast<double>(t.second), name.c_str());
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+}
+
+}  // namespace kiln::ops::cuda

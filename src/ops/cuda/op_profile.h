@@ -1,0 +1,48 @@
+// Per-op GPU time for finding where a step goes (KILN_OP_PROFILE=1): every op the backend runs is
+// bracketed by CUDA events, and the totals per op (linears per shape) print when the backend is
+// destroyed, largest first. Events cannot sit in a captured graph, so profiling turns graphs off.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kiln::ops::cuda {
+
+class OpProfile {
+ public:
+  static bool requested();
+  ~OpProfile();  // prints the table
+
+  // Brackets one op on `stream`.
+  class Scope {
+   public:
+    Scope(OpProfile* p, std::string name, cudaStream_t s);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    OpProfile* p_;
+    std::string name_;
+    cudaStream_t s_;
+    cudaEvent_t start_ = nullptr;
+  };
+
+ private:
+  struct Pending {
+    std::string name;
+    cudaEvent_t start, stop;
+  };
+  void flush();  // waits for pending events and adds them to the totals
+  cudaEvent_t event();
+
+  std::vector<Pending> pending_;
+  std::vector<cudaEvent_t> free_;
+  std::map<std::string, std::pair<double, int64_t>> totals_;  // name -> (ms, calls)
+};
+
+}  // namespace kiln::ops::cuda
