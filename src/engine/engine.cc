@@ -49,7 +49,7 @@ Engine::~Engine() {
   }
   wake_.notify_all();
   thread_.join();
-  model_.disable_decode_graphs();  // they were captured on this engine's pool
+  model_.disable_decode_graphs(&pool_);  // graphs captured on this engine's pool die with it
 }
 
 RequestStream Engine::submit(Request req) {

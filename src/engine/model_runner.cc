@@ -79,12 +79,29 @@ std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
   auto host_only = [](const Sequence& s) {
     return s.constraint != nullptr || s.sampler.params().top_logprobs > ops::kMaxTopLogprobs;
   };
-  bool any_device = false;
-  for (int64_t r = 0; r < rows; ++r)
-    any_device |= row_sampled[static_cast<size_t>(r)] && !host_only(*row_seq[static_cast<size_t>(r)]);
-  // Every row goes through the op (rows not sampled there are drawn and ignored): one launch.
-  std::vector<SampleResult> drawn;
-  if (any_device) drawn = sample_on_backend(be, logits, row_seq);
+  // The rows the backend samples; when they are not simply every row (prompt-logprob rows or
+  // host-sampled rows in the step), they are copied into a compact block first.
+  std::vector<int64_t> dev_rows;
+  std::vector<const Sequence*> dev_seqs;
+  for (int64_t r = 0; r < rows; ++r) {
+    const Sequence* s = row_seq[static_cast<size_t>(r)];
+    if (row_sampled[static_cast<size_t>(r)] && !host_only(*s)) dev_rows.push_back(r), dev_seqs.push_back(s);
+  }
+  std::vector<SampleResult> drawn(static_cast<size_t>(rows));
+  if (!dev_rows.empty()) {
+    const auto n = static_cast<int64_t>(dev_rows.size());
+    ops::OwnedTensor compact;
+    Tensor block = logits;
+    if (n != rows) {
+      compact = be.alloc(DType::F32, {n, V});
+      for (int64_t i = 0; i < n; ++i)
+        be.copy({logits.f32() + dev_rows[static_cast<size_t>(i)] * V, V, compact.f32() + i * V, V, 1, V});
+      block = compact.t;
+    }
+    std::vector<SampleResult> got = sample_on_backend(be, block, dev_seqs);
+    for (int64_t i = 0; i < n; ++i)
+      drawn[static_cast<size_t>(dev_rows[static_cast<size_t>(i)])] = std::move(got[static_cast<size_t>(i)]);
+  }
 
   std::vector<SampleResult> results;
   std::vector<float> host(static_cast<size_t>(V));

@@ -109,8 +109,8 @@ struct DeepseekV3Model::DecodeGraphs {
   }
 };
 
-void DeepseekV3Model::disable_decode_graphs() {
-  graphs_.reset();
+void DeepseekV3Model::disable_decode_graphs(const LatentKvPool* pool) {
+  if (!pool || (graphs_ && graphs_->pool == pool)) graphs_.reset();
 }
 
 namespace {
@@ -315,7 +315,7 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm 
   if (!logit_rows) {
     add_and_norm(w_.final_norm, sel.f32());
   } else {
-    be_.add({x.f32(), y.f32(), x.f32(), T * H});
+    if (pending) be_.add({x.f32(), pending, x.f32(), T * H});
     for (int64_t i = 0; i < rows; ++i) be_.copy({x.f32() + logit_rows[i] * H, H, sel.f32() + i * H, H, 1, H});
     be_.rms_norm({sel.f32(), 0, w_.final_norm.t.data, w_.final_norm.t.dtype, sel.f32(), 0, rows, H, eps});
   }

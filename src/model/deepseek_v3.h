@@ -53,7 +53,8 @@ class DeepseekV3Model {
   // max_batch sequences on `pool` from CUDA graphs, captured the first time each padded batch
   // size runs. Block tables up to max_blocks wide. No-op on backends without graphs.
   void enable_decode_graphs(const LatentKvPool& pool, int64_t max_batch, int64_t max_blocks);
-  void disable_decode_graphs();
+  // Drops the captured graphs (only those captured on `pool`, when given).
+  void disable_decode_graphs(const LatentKvPool* pool = nullptr);
 
   // Single-sequence convenience: runs `tokens` at positions cache.length.. and appends them.
   // Returns every token's logits when all_logits, else the last token's.

@@ -17,6 +17,9 @@ namespace {
 // blocks stay graph scratch for the process's life (a replay writes to the captured addresses).
 class CachingAllocator {
  public:
+  // may_release: on out-of-memory, free the cached blocks and retry. Never for the graph pool:
+  // its cached blocks are scratch that captured graphs still write to.
+  explicit CachingAllocator(bool may_release) : may_release_(may_release) {}
   ~CachingAllocator() {
     for (auto& [size, p] : free_) cudaFree(p);
   }
@@ -31,12 +34,14 @@ class CachingAllocator {
     }
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, rounded);
-    if (err != cudaSuccess) {  // release the cache and try once more before giving up
+    if (err != cudaSuccess && may_release_) {  // release the cache and try once more before giving up
       for (auto& [size, q] : free_) cudaFree(q);
       free_.clear();
       cudaGetLastError();
-      KILN_CUDA_CHECK(cudaMalloc(&p, rounded));
+      err = cudaMalloc(&p, rounded);
     }
+    if (err != cudaSuccess) cudaGetLastError();  // not sticky: later launches must not see it
+    KILN_CUDA_CHECK(err);
     return p;
   }
   void put(void* p, size_t rounded) {
@@ -54,13 +59,15 @@ class CachingAllocator {
     }
     return (b + (2u << 20) - 1) / (2u << 20) * (2u << 20);
   }
+  const bool may_release_;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
 };
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() : alloc_(std::make_shared<CachingAllocator>()), graph_alloc_(std::make_shared<CachingAllocator>()) {
+  CudaBackend()
+      : alloc_(std::make_shared<CachingAllocator>(true)), graph_alloc_(std::make_shared<CachingAllocator>(false)) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cudaDeviceProp prop{};
     KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
