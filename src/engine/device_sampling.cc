@@ -65,9 +65,10 @@ std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logi
   }
   if (any_penalty) {
     int32_t* pen = reinterpret_cast<int32_t*>(host.data() + 11 * R);
-    std::memcpy(pen, pen_off.data(), pen_off.size() * 4);
-    std::memcpy(pen + R + 1, pen_ids.data(), pen_ids.size() * 4);
-    std::memcpy(pen + R + 1 + n_pen, pen_counts.data(), pen_counts.size() * 4);
+    // std::copy, not memcpy: the id lists may be empty (penalties on, nothing generated yet).
+    std::copy(pen_off.begin(), pen_off.end(), pen);
+    std::copy(pen_ids.begin(), pen_ids.end(), pen + R + 1);
+    std::copy(pen_counts.begin(), pen_counts.end(), pen + R + 1 + n_pen);
   }
   ops::OwnedTensor in = be.alloc(DType::I32, {words});
   be.upload(in.t, host.data());
