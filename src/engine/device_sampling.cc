@@ -6,13 +6,6 @@
 #include "core/error.h"
 
 namespace kiln {
-namespace {
-
-bool has_penalties(const SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-}
-
-}  // namespace
 
 std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logits,
                                             const std::vector<const Sequence*>& seqs) {
@@ -21,24 +14,20 @@ std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logi
   KILN_CHECK(logits.shape.at(0) == R, "internal: {} logit rows for {} sequences", logits.shape.at(0), R);
   if (R == 0) return {};
   int64_t num_top = 0;
-  bool any_penalty = false;
   for (const Sequence* s : seqs) {
     const SamplingParams& p = s->sampler.params();
     // Rows wanting more than the op gives are the host path's (their results here are unused).
     if (p.logprobs || p.top_logprobs > 0) num_top = std::max(num_top, std::min(p.top_logprobs, ops::kMaxTopLogprobs));
-    any_penalty |= has_penalties(p);
   }
+  // Penalty entries (none for a request whose penalties are off); no CSR at all when no row has any.
   std::vector<int32_t> pen_off{0}, pen_ids, pen_counts;
-  if (any_penalty) {
-    for (const Sequence* s : seqs) {
-      if (has_penalties(s->sampler.params())) {
-        const PenaltyTokens t = penalty_tokens(s->sampler.params(), s->prompt(), s->output());
-        pen_ids.insert(pen_ids.end(), t.ids.begin(), t.ids.end());
-        pen_counts.insert(pen_counts.end(), t.counts.begin(), t.counts.end());
-      }
-      pen_off.push_back(static_cast<int32_t>(pen_ids.size()));
-    }
+  for (const Sequence* s : seqs) {
+    const PenaltyTokens t = penalty_tokens(s->sampler.params(), s->prompt(), s->output());
+    pen_ids.insert(pen_ids.end(), t.ids.begin(), t.ids.end());
+    pen_counts.insert(pen_counts.end(), t.counts.begin(), t.counts.end());
+    pen_off.push_back(static_cast<int32_t>(pen_ids.size()));
   }
+  const bool any_penalty = !pen_ids.empty();
 
   // One upload: [seed u64 | counter u64 | temperature top_p min_p rep pres freq f32 | top_k i32 |
   // pen_off pen_ids pen_counts i32], in 4-byte words with the u64 arrays first (aligned).

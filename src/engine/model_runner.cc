@@ -1,10 +1,10 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "engine/device_sampling.h"
 #include "kv/block_allocator.h"
+#include "ops/cpu/sampling.h"
 
 namespace kiln {
 namespace {
@@ -14,24 +14,14 @@ bool wants_prompt_row(const Sequence& s, int64_t p) {
   return s.prompt_logprobs >= 0 && p + 1 < s.num_prompt && p + 1 >= s.prompt_logprobs_done;
 }
 
-// The n most likely entries of a log-probability row, most likely first, lowest id on ties.
-std::vector<TokenLogprob> top_logprobs(const std::vector<float>& lp, int64_t n) {
-  std::vector<int32_t> idx(lp.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  const auto k = std::min(static_cast<size_t>(n), idx.size());
-  std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), [&](int32_t a, int32_t b) {
-    const float x = lp[static_cast<size_t>(a)], y = lp[static_cast<size_t>(b)];
-    return x > y || (x == y && a < b);
-  });
-  std::vector<TokenLogprob> top;
-  for (size_t j = 0; j < k; ++j) top.push_back({idx[j], lp[static_cast<size_t>(idx[j])]});
-  return top;
-}
-
 void record_prompt_logprob(Sequence& s, int64_t p, std::span<const float> logits) {
   const std::vector<float> lp = log_softmax_row(logits.data(), static_cast<int64_t>(logits.size()));
   s.pending.prompt_logprobs.push_back(lp[static_cast<size_t>(s.tokens[static_cast<size_t>(p + 1)])]);
-  s.pending.prompt_top.push_back(top_logprobs(lp, s.prompt_logprobs));
+  std::vector<TokenLogprob> top;
+  for (int32_t t : ops::cpu::top_n_row(lp.data(), static_cast<int64_t>(lp.size()),
+                                       std::min(s.prompt_logprobs, static_cast<int64_t>(lp.size()))))
+    top.push_back({t, lp[static_cast<size_t>(t)]});
+  s.pending.prompt_top.push_back(std::move(top));
   s.prompt_logprobs_done = p + 2;
 }
 

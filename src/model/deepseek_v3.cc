@@ -169,7 +169,6 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
                "malformed ForwardBatch: sequence {} has {} new tokens and {} in context", b, q_len,
                batch.kv_lens[static_cast<size_t>(b)]);
     in.all_single &= q_len == 1;
-    in.total_kv += batch.kv_lens[static_cast<size_t>(b)];
   }
   // Padding (graphs): sequences B..pad_to-1 repeat the last one. Only pure decode steps pad.
   const int64_t Bp = std::max(pad_to, B), Tp = T + (Bp - B);

@@ -8,20 +8,26 @@ size_t pow2_at_least(size_t n) {
   while (c < n) c <<= 1;
   return c;
 }
+
+// Grows an open-addressing table to hold n entries at most half full, reinserting by hash_of.
+template <typename Slot, typename HashOf>
+void reserve_slots(std::vector<Slot>& slots, size_t n, HashOf hash_of) {
+  const size_t want = pow2_at_least(n * 2);
+  if (want <= slots.size()) return;
+  std::vector<Slot> old = std::move(slots);
+  slots.assign(want, Slot{});
+  const size_t mask = want - 1;
+  for (const Slot& s : old) {
+    if (!s.used) continue;
+    size_t i = hash_of(s) & mask;
+    while (slots[i].used) i = (i + 1) & mask;
+    slots[i] = s;
+  }
+}
 }  // namespace
 
 void StringMap::reserve(size_t n) {
-  size_t want = pow2_at_least(n * 2);
-  if (want <= slots_.size()) return;
-  std::vector<Slot> old = std::move(slots_);
-  slots_.assign(want, Slot{});
-  size_t mask = want - 1;
-  for (const Slot& s : old) {
-    if (!s.used) continue;
-    size_t i = s.hash & mask;
-    while (slots_[i].used) i = (i + 1) & mask;
-    slots_[i] = s;
-  }
+  reserve_slots(slots_, n, [](const Slot& s) { return s.hash; });
 }
 
 void StringMap::grow() {
@@ -64,17 +70,7 @@ const uint32_t* StringMap::find(std::string_view key) const {
 }
 
 void PairMap::reserve(size_t n) {
-  size_t want = pow2_at_least(n * 2);
-  if (want <= slots_.size()) return;
-  std::vector<Slot> old = std::move(slots_);
-  slots_.assign(want, Slot{});
-  size_t mask = want - 1;
-  for (const Slot& s : old) {
-    if (!s.used) continue;
-    size_t i = hash_u64(s.key) & mask;
-    while (slots_[i].used) i = (i + 1) & mask;
-    slots_[i] = s;
-  }
+  reserve_slots(slots_, n, [](const Slot& s) { return hash_u64(s.key); });
 }
 
 void PairMap::grow() {
