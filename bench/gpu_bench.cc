@@ -77,7 +77,7 @@ json bench_mla_kernel(ops::Backend& be, double copy_gbps, bool quick) {
   const int64_t kv_bytes = static_cast<int64_t>(dtype_size(kv));
   std::printf("mla decode kernel, %s latent pool\n", dtype_name(kv));
   const std::vector<int64_t> contexts =
-      quick ? std::vector<int64_t>{1024, 8192, 32768} : std::vector<int64_t>{1024, 4096, 8192, 16384, 32768};
+      quick ? std::vector<int64_t>{128, 1024, 8192, 32768} : std::vector<int64_t>{128, 1024, 4096, 8192, 16384, 32768};
   for (int64_t heads : {16, 128}) {
     for (int64_t ctx : contexts) {
       for (int64_t B : {1, 8, 32, 128}) {
@@ -295,18 +295,22 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
   return out;
 }
 
-// Routed-expert layer alone (ops::moe) at the Moonlight shape: hidden 2048, inter 1408, 64 experts,
-// top-6, random distinct routing. Weight bytes = experts the batch touches x 3 x inter x hidden
-// bf16 (the floor at small T); FLOPs = 2 x T x k x 3 x inter x hidden useful (the tensor cores
-// execute twice that: f32 activations run as bf16 hi + lo parts).
+// The MoE op alone (ops::moe, routed + shared experts) at the Moonlight shape: hidden 2048, inter
+// 1408, 64 experts, top-6, random distinct routing, two shared experts. Weight bytes = (experts
+// the batch touches + the shared ones) x 3 x inter x hidden bf16 (the floor at small T); FLOPs =
+// 2 x T x (k + 2) x 3 x inter x hidden useful (the grouped tensor-core path executes twice the
+// routed part: f32 activations run as bf16 hi + lo parts).
 json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
-  const int64_t H = 2048, I = 1408, E = 64, k = 6;
+  const int64_t H = 2048, I = 1408, E = 64, k = 6, S = 2 * I;  // S: Moonlight's two shared experts
   auto wgu = be.alloc(DType::BF16, {E, 2 * I, H}), wd = be.alloc(DType::BF16, {E, H, I});
+  auto sgu = be.alloc(DType::BF16, {2 * S, H}), sd = be.alloc(DType::BF16, {H, S});
   be.fill_random(wgu.t, 11, 0.02f);
   be.fill_random(wd.t, 12, 0.02f);
+  be.fill_random(sgu.t, 14, 0.02f);
+  be.fill_random(sd.t, 15, 0.02f);
   json rows = json::array();
   uint64_t z = 88172645463325252ull;  // xorshift64 state
-  for (int64_t T : {8, 32, 128, 256, 1024, 8192}) {
+  for (int64_t T : {1, 4, 8, 16, 32, 128, 256, 1024, 8192}) {
     std::vector<int32_t> ids;
     std::vector<char> touched(static_cast<size_t>(E), 0);
     for (int64_t t = 0; t < T; ++t) {
@@ -325,8 +329,9 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
     be.fill_random(x.t, 13, 1.0f);
     be.upload(ti.t, ids.data());
     be.upload(tw.t, w.data());
-    const ops::MoeParams p{
-        x.f32(), ti.t.as<int32_t>(), tw.f32(), wgu.t.data, wd.t.data, DType::BF16, out.f32(), T, H, I, E, k};
+    ops::MoeParams p{x.f32(), ti.t.as<int32_t>(), tw.f32(), wgu.t.data, wd.t.data, DType::BF16, out.f32(), T, H, I, E,
+                     k};
+    p.w_shared_gate_up = sgu.t.data, p.w_shared_down = sd.t.data, p.shared_inter = S;
     be.moe(p);  // warm-up: scratch growth
     be.synchronize();
     const int reps = T >= 4096 ? 5 : 20;
@@ -335,8 +340,8 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
     be.synchronize();
     const double sec = (now_s() - t0) / reps;
     const double distinct = static_cast<double>(std::count(touched.begin(), touched.end(), 1));
-    const double bytes = distinct * 3.0 * static_cast<double>(I * H) * 2.0;
-    const double flops = 2.0 * static_cast<double>(T * k) * 3.0 * static_cast<double>(I * H);
+    const double bytes = (distinct * 3.0 * static_cast<double>(I * H) + 3.0 * static_cast<double>(S * H)) * 2.0;
+    const double flops = 2.0 * static_cast<double>(T) * 3.0 * static_cast<double>((k * I + S) * H);
     const double gbps = bytes / sec / 1e9, tflops = flops / sec / 1e12;
     rows.push_back({{"tokens", T},
                     {"experts_touched", distinct},
@@ -347,7 +352,8 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
                     {"tflops", tflops},
                     {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
     std::printf(
-        "moe layer (2048/1408, 64 experts, top-6) T %5lld: %9.1f us  %2.0f experts  %6.0f GB/s (%4.1f%% of copy)"
+        "moe layer (2048/1408, 64 experts top-6 + 2 shared) T %5lld: %9.1f us  %2.0f experts  %6.0f GB/s (%4.1f%% of "
+        "copy)"
         "  %6.1f TFLOP/s (%4.1f%% of bf16 GEMM)\n",
         static_cast<long long>(T), sec * 1e6, distinct, gbps, 100 * gbps / copy_gbps, tflops,
         100 * tflops / gemm_tflops);

@@ -43,6 +43,14 @@ echo "== engine throughput on CUDA (kiln bench model, Moonlight shape, random we
   --batch-sizes 1,8,32,128,256 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model.json" 2>&1 | tail -12 || status=1
 .gpu/kiln bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights --enforce-eager \
   --batch-sizes 1,32 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_eager.json" 2>&1 | tail -6 || status=1
+echo "== the same without programmatic dependent launch (KILN_PDL=0), for the A/B"
+KILN_PDL=0 .gpu/kiln bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
+  --batch-sizes 1,8,128 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_nopdl.json" 2>&1 | grep -E "^ +[0-9]" || status=1
+echo "== MoE crossover: decode GEMVs up to 4 / 8 (the default) / 16 tokens, grouped GEMMs beyond"
+for m in 4 8 16; do
+  KILN_MOE_GEMV_MAX_TOKENS=$m .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
+    --random-weights --batch-sizes 4,8,16 --prompt-len 128 --decode-steps 32 2>&1 | grep -E "^ +[0-9]" | sed "s/^/gemv<=$m: /"
+done
 echo "== benchmarks"
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
 echo "== op profile: where a decode step's GPU time goes (eager, events around every op)"
@@ -50,6 +58,34 @@ KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config 
   --random-weights --batch-sizes 1 --prompt-len 128 --decode-steps 32 --no-warmup 2>&1 | grep -A 25 "op profile" | tee "$OUT/op_profile_b1.log"
 KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
   --random-weights --batch-sizes 64 --prompt-len 128 --decode-steps 32 --no-warmup 2>&1 | grep -A 25 "op profile" | tee "$OUT/op_profile_b64.log"
+echo "== op profile: one 8k-token prefill (after a warm-up prefill; each op's first call left out)"
+KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
+  --random-weights --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 | grep -A 25 "op profile" | tee "$OUT/op_profile_prefill8k.log"
+# Kernel by kernel (Nsight Compute, one duration metric, caches and clocks left alone): a 2k-token
+# prefill, and steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps).
+NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+if [ -x "$NCU" ]; then
+  for run in "prefill2k 1 2048 1" "tokens64 64 1 3"; do
+    set -- $run
+    timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
+      .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
+      --batch-sizes "$2" --prompt-len "$3" --decode-steps "$4" --no-warmup --enforce-eager > "$OUT/ncu_$1.csv" 2>/dev/null
+    python3 - "$OUT/ncu_$1.csv" "$1" <<'PY' || true
+import csv, sys, collections, re
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]; name_i = head.index("Kernel Name"); val_i = head.index("Metric Value"); unit_i = head.index("Metric Unit")
+tot = collections.defaultdict(lambda: [0.0, 0])
+for r in rows[1:]:
+    v = float(r[val_i].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3}.get(r[unit_i], 1)
+    n = re.sub(r"\(.*", "", r[name_i]); n = re.sub(r"^(void )?(kiln::ops::cuda::)?", "", n)[:90]
+    tot[n][0] += v; tot[n][1] += 1
+all_us = sum(t for t, _ in tot.values())
+print(f"kernels ({sys.argv[2]}, ncu): {all_us/1e3:.1f} ms in {sum(c for _, c in tot.values())} launches")
+for n, (t, c) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:22]:
+    print(f"  {t/1e3:9.2f} ms {100*t/all_us:5.1f}% {c:6d} x {t/c:9.1f} us  {n}")
+PY
+  done
+fi
 # The device tool brings back at most 8 files: everything travels in one archive.
 tar -czf /tmp/kiln-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/kiln-results.tgz "$OUT/results.tgz"
 exit $status

@@ -328,33 +328,58 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
                 rope = c_.qk_rope_head_dim, qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank,
                 row = c_.kv_row_dim();
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  const int32_t* positions = in.pos.t.as<int32_t>();
 
-  // q [T, nh, qk]: q_nope ‖ q_pe per head.
-  OwnedTensor q = scratch(T, nh * qk);
+  // One projection of x feeds both q (or q LoRA's q_a) and the latent row: qkv [T, nq + row].
+  const int64_t nq = qkv_a_q_rows(c_), ld = nq + row;
+  OwnedTensor qkv = scratch(T, ld);
+  be_.linear({x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H});
+
+  // q [T, nh, qk]: q_nope ‖ q_pe per head, rows q_stride apart (a view of qkv without q LoRA).
+  float* q = qkv.f32();
+  int64_t q_stride = ld;
+  OwnedTensor q_b_out;
   if (c_.q_lora_rank > 0) {
-    OwnedTensor qa = scratch(T, c_.q_lora_rank);  // [T, q_lora]
-    be_.linear({x, 0, w.q_a.t.data, w.q_a.t.dtype, qa.f32(), 0, T, c_.q_lora_rank, H});
-    be_.rms_norm({qa.f32(), 0, w.q_a_norm.t.data, w.q_a_norm.t.dtype, qa.f32(), 0, T, c_.q_lora_rank, eps});
-    be_.linear({qa.f32(), 0, w.q_b.t.data, w.q_b.t.dtype, q.f32(), 0, T, nh * qk, c_.q_lora_rank});
-  } else {
-    be_.linear({x, 0, w.q_proj.t.data, w.q_proj.t.dtype, q.f32(), 0, T, nh * qk, H});
+    float* q_a = qkv.f32();  // [T, q_lora], rows ld apart
+    be_.rms_norm({q_a, ld, w.q_a_norm.t.data, w.q_a_norm.t.dtype, q_a, ld, T, c_.q_lora_rank, eps});
+    q_b_out = scratch(T, nh * qk);
+    be_.linear({q_a, ld, w.q_b.t.data, w.q_b.t.dtype, q_b_out.f32(), 0, T, nh * qk, c_.q_lora_rank});
+    q = q_b_out.f32();
+    q_stride = nh * qk;
   }
-  be_.rope({q.f32() + nope, T, nh, nh * qk, qk, rope, positions, inv_freq_.f32(), rope_factor_, c_.rope_interleave});
 
-  // New latent rows: normalised c_kv ‖ roped k_pe, then into their pool slots.
-  OwnedTensor kva = scratch(T, row);  // [T, kv_lora + rope]
-  be_.linear({x, 0, w.kv_a.t.data, w.kv_a.t.dtype, kva.f32(), 0, T, row, H});
-  be_.rms_norm({kva.f32(), row, w.kv_a_norm.t.data, w.kv_a_norm.t.dtype, kva.f32(), row, T, r, eps});
-  be_.rope({kva.f32() + r, T, 1, row, 0, rope, positions, inv_freq_.f32(), rope_factor_, c_.rope_interleave});
-  void* layer_pool = pool.layers[static_cast<size_t>(l)].t.data;
-  be_.kv_scatter({kva.f32(), in.slots.t.as<int32_t>(), layer_pool, pool.dtype, T, row});
+  // One op ropes q_pe into q_pe_out and writes the new latent rows (normalised c_kv ‖ roped k_pe)
+  // to their pool slots; qkv's kv part stays as projected.
+  auto prepare = [&](float* q_pe_out, int64_t out_stride, int64_t out_head_stride) {
+    be_.mla_prepare({.q_in = q + nope,
+                     .q_in_stride = q_stride,
+                     .q_in_head_stride = qk,
+                     .q_out = q_pe_out,
+                     .q_out_stride = out_stride,
+                     .q_out_head_stride = out_head_stride,
+                     .num_heads = nh,
+                     .kva = qkv.f32() + nq,
+                     .kva_stride = ld,
+                     .norm_weight = w.kv_a_norm.t.data,
+                     .norm_weight_dtype = w.kv_a_norm.t.dtype,
+                     .eps = eps,
+                     .positions = in.pos.t.as<int32_t>(),
+                     .inv_freq = inv_freq_.f32(),
+                     .attention_factor = rope_factor_,
+                     .interleaved = c_.rope_interleave,
+                     .slots = in.slots.t.as<int32_t>(),
+                     .pool = pool.layers[static_cast<size_t>(l)].t.data,
+                     .pool_dtype = pool.dtype,
+                     .num_tokens = T,
+                     .kv_lora = r,
+                     .rope_dim = rope});
+  };
 
   OwnedTensor o = scratch(T, nh * vd);  // [T, nh, v]
   if (form == MlaForm::Auto) form = in.all_single ? MlaForm::Absorbed : MlaForm::Expanded;
   const ops::PagedKv paged = in.paged(pool, l);
 
   if (form == MlaForm::Expanded) {
+    prepare(q + nope, q_stride, qk);  // q_pe roped in place
     const int64_t ctx = in.total_kv;
     OwnedTensor kv = scratch(ctx, row);  // [total_kv, row]: every sequence's context, contiguous
     be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, ctx, kv.f32()});
@@ -365,13 +390,13 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
     be_.copy({kvb.f32() + nope, nope + vd, v.f32(), vd, ctx * nh, vd});
     for (int64_t hd = 0; hd < nh; ++hd) be_.copy({kv.f32() + r, row, k.f32() + hd * qk + nope, nh * qk, ctx, rope});
     const ops::VarlenSeqs seqs{in.cu_q.t.as<int32_t>(), in.cu_kv.t.as<int32_t>(), in.B};
-    be_.mla_expanded({q.f32(), k.f32(), v.f32(), o.f32(), seqs, T, nh, qk, vd, scale_});
+    be_.mla_expanded({q, k.f32(), v.f32(), o.f32(), seqs, T, nh, qk, vd, scale_, q_stride});
   } else {
-    // Fold W_uk into q: q_lat[h] = W_uk[h]ᵀ q_nope[h]; the rope part rides along unchanged.
+    // Fold W_uk into q: q_lat[h] = W_uk[h]ᵀ q_nope[h]; the roped q_pe lands beside it.
     OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]
     be_.linear_heads(
-        {q.f32(), nh * qk, qk, w.w_uk_t.t.data, r * nope, w.w_uk_t.t.dtype, qa.f32(), nh * row, row, nh, T, r, nope});
-    be_.copy({q.f32() + nope, qk, qa.f32() + r, row, T * nh, rope});
+        {q, q_stride, qk, w.w_uk_t.t.data, r * nope, w.w_uk_t.t.dtype, qa.f32(), nh * row, row, nh, T, r, nope});
+    prepare(qa.f32() + r, nh * row, row);
     OwnedTensor lat = scratch(T, nh * r);  // [T, nh, kv_lora]
     be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, T, lat.f32(), nh, r, rope, scale_});
     // Fold W_uv into the output: v[h] = W_uv[h] · lat[h].
@@ -398,17 +423,19 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, float* out, int64_t T) {
   }
   const int64_t E = c_.n_routed_experts, k = c_.num_experts_per_tok;
   OwnedTensor logits = scratch(T, E);  // [T, E] router logits in f32
-  be_.linear({x, 0, w.router.t.data, w.router.t.dtype, logits.f32(), 0, T, E, H});
   OwnedTensor ids = be_.alloc(DType::I32, {T, k}), wts = scratch(T, k);
+  // Gate projection and routing in one op (one launch per decode layer on CUDA).
   be_.router({logits.f32(), w.router_bias.f32(), ids.t.as<int32_t>(), wts.f32(), T, E, k, c_.n_group, c_.topk_group,
-              c_.norm_topk_prob, static_cast<float>(c_.routed_scaling_factor)});
+              c_.norm_topk_prob, static_cast<float>(c_.routed_scaling_factor), x, w.router.f32(), logits.f32(), H});
+  // The shared experts ride in the same op: decode streams every expert's weights in one pass.
+  const bool shared = c_.n_shared_experts > 0;
+  KILN_CHECK(!shared || w.shared_gate_up.t.dtype == w.experts_gate_up.t.dtype,
+             "shared and routed expert weights must share a dtype, got {} and {}", dtype_name(w.shared_gate_up.t.dtype),
+             dtype_name(w.experts_gate_up.t.dtype));
   be_.moe({x, ids.t.as<int32_t>(), wts.f32(), w.experts_gate_up.t.data, w.experts_down.t.data,
-           w.experts_gate_up.t.dtype, out, T, H, c_.moe_intermediate_size, E, k});
-  if (c_.n_shared_experts > 0) {
-    OwnedTensor s = scratch(T, H);
-    mlp(w.shared_gate_up, w.shared_down, s.f32());
-    be_.add({out, s.f32(), out, T * H});
-  }
+           w.experts_gate_up.t.dtype, out, T, H, c_.moe_intermediate_size, E, k,
+           shared ? w.shared_gate_up.t.data : nullptr, shared ? w.shared_down.t.data : nullptr,
+           shared ? w.shared_gate_up.t.shape[0] / 2 : 0});
 }
 
 }  // namespace kiln

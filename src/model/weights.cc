@@ -106,7 +106,7 @@ class Loader {
   Progress progress_{"", 0};
 };
 
-// Stacks matrices row-wise (gate over up) into one host array.
+// Stacks matrices row-wise (gate over up, q over kv_a) into one host array.
 std::vector<float> concat(std::vector<float> a, const std::vector<float>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -118,14 +118,14 @@ void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
                 r = c.kv_lora_rank;
   w.input_norm = ld.get(p + "input_layernorm.weight");
   w.post_attn_norm = ld.get(p + "post_attention_layernorm.weight");
+  const std::string q_name = p + (c.q_lora_rank > 0 ? "self_attn.q_a_proj.weight" : "self_attn.q_proj.weight");
+  w.qkv_a = ld.upload(q_name + " + kv_a_proj_with_mqa",
+                      concat(ld.host(q_name), ld.host(p + "self_attn.kv_a_proj_with_mqa.weight")),
+                      {qkv_a_q_rows(c) + c.kv_row_dim(), H});
   if (c.q_lora_rank > 0) {
-    w.q_a = ld.get(p + "self_attn.q_a_proj.weight");
     w.q_a_norm = ld.get(p + "self_attn.q_a_layernorm.weight");
     w.q_b = ld.get(p + "self_attn.q_b_proj.weight");
-  } else {
-    w.q_proj = ld.get(p + "self_attn.q_proj.weight");
   }
-  w.kv_a = ld.get(p + "self_attn.kv_a_proj_with_mqa.weight");
   w.kv_a_norm = ld.get(p + "self_attn.kv_a_layernorm.weight");
   const std::string kvb = p + "self_attn.kv_b_proj.weight";
   std::vector<float> kv_b = ld.host(kvb);
@@ -223,14 +223,11 @@ ModelWeights random_weights(const ModelConfig& c, ops::Backend& be, uint64_t see
     LayerWeights lw;
     lw.input_norm = f.constant(H, 1.0f);
     lw.post_attn_norm = f.constant(H, 1.0f);
+    lw.qkv_a = f.matrix({qkv_a_q_rows(c) + c.kv_row_dim(), H}, wd);  // q_a_proj or q_proj, then kv_a
     if (c.q_lora_rank > 0) {
-      lw.q_a = f.matrix({c.q_lora_rank, H}, wd);
       lw.q_a_norm = f.constant(c.q_lora_rank, 1.0f);
       lw.q_b = f.matrix({nh * c.qk_head_dim(), c.q_lora_rank}, wd);
-    } else {
-      lw.q_proj = f.matrix({nh * c.qk_head_dim(), H}, wd);
     }
-    lw.kv_a = f.matrix({c.kv_row_dim(), H}, wd);
     lw.kv_a_norm = f.constant(r, 1.0f);
     // kv_b is small: make it on the host so W_uk^T is its exact transpose.
     OwnedTensor kvb_f32 = f.matrix({nh * (nope + vd), r}, DType::F32);

@@ -14,10 +14,11 @@ using ops::OwnedTensor;
 
 struct LayerWeights {
   OwnedTensor input_norm, post_attn_norm;  // [hidden]
-  // Attention. q LoRA: q_a [q_lora, hidden], q_a_norm [q_lora], q_b [heads*qk, q_lora];
-  // otherwise q_proj [heads*qk, hidden].
-  OwnedTensor q_a, q_a_norm, q_b, q_proj;
-  OwnedTensor kv_a;       // [kv_lora + rope, hidden]
+  // Attention. Both projections of the normalised input in one matrix, so one linear serves them:
+  // qkv_a [qkv_a_q_rows + kv_lora + rope, hidden] = q_a_proj (q LoRA) or q_proj, then
+  // kv_a_proj_with_mqa, stacked row-wise at load time. q LoRA adds q_a_norm [q_lora] and
+  // q_b [heads*qk, q_lora].
+  OwnedTensor qkv_a, q_a_norm, q_b;
   OwnedTensor kv_a_norm;  // [kv_lora]
   OwnedTensor kv_b;       // [heads * (nope + v), kv_lora]: per head, nope rows (W_uk) then v rows (W_uv)
   OwnedTensor w_uk_t;     // [heads, kv_lora, nope]: W_uk transposed per head, for the absorbed form
@@ -30,6 +31,11 @@ struct LayerWeights {
   OwnedTensor experts_gate_up;              // [experts, 2 * moe_inter, hidden]
   OwnedTensor experts_down;                 // [experts, hidden, moe_inter]
 };
+
+// The rows of qkv_a that project q: q_lora_rank with q LoRA, else heads * qk (q_proj).
+inline int64_t qkv_a_q_rows(const ModelConfig& c) {
+  return c.q_lora_rank > 0 ? c.q_lora_rank : c.num_attention_heads * c.qk_head_dim();
+}
 
 struct ModelWeights {
   OwnedTensor embed;  // [vocab, hidden]

@@ -67,6 +67,8 @@ class Backend {
   virtual void mla_absorbed(const MlaAbsorbedParams& p) = 0;
   virtual void kv_scatter(const KvScatterParams& p) = 0;
   virtual void kv_gather(const KvGatherParams& p) = 0;
+  // rope(q_pe) + the new latent rows (norm, rope) into the pool: one launch per layer (params.h).
+  virtual void mla_prepare(const MlaPrepareParams& p) = 0;
   virtual void router(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
   virtual void log_softmax(const LogSoftmaxParams& p) = 0;

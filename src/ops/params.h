@@ -102,7 +102,7 @@ struct VarlenSeqs {
 
 // Expanded MLA (prefill form): per-head k_nope and v from kv_b_proj; q·k over qk_dim.
 struct MlaExpandedParams {
-  const float* q;  // [total_q, num_heads, qk_dim]  (q_nope ‖ roped q_pe)
+  const float* q;  // [total_q, num_heads, qk_dim]  (q_nope ‖ roped q_pe), rows q_stride apart
   const float* k;  // [total_kv, num_heads, qk_dim] (k_nope ‖ roped k_pe)
   const float* v;  // [total_kv, num_heads, v_dim]
   float* out;      // [total_q, num_heads, v_dim]
@@ -110,6 +110,7 @@ struct MlaExpandedParams {
   int64_t total_q;  // cu_q[num_seqs], known on the host
   int64_t num_heads, qk_dim, v_dim;
   float scale;
+  int64_t q_stride = 0;  // rows of q this far apart (0: num_heads * qk_dim), e.g. a view of a fused projection
 };
 
 // The paged latent KV cache of one layer as attention reads it: row j of sequence b lives in
@@ -158,18 +159,53 @@ struct KvGatherParams {
   float* out;          // [total_kv, row_dim]
 };
 
+// The MLA attention prologue after the projections, in one op (it replaces rope of q_pe,
+// rms_norm + rope of the latent row, kv_scatter and the absorbed form's q_pe copy). Per new
+// token t, exactly as those ops compute it:
+//   q_out[t, h, :] = rope(q_in[t, h, :]) for every head h;
+//   pool[slots[t]] = rms_norm(kva[t, :kv_lora]) * norm_weight ‖ rope(kva[t, kv_lora:]),
+// stored as kv_scatter stores (bf16: round to nearest even). kva itself is left as projected.
+// Strides are explicit (0 is not "contiguous" here).
+struct MlaPrepareParams {
+  const float* q_in;  // [num_tokens, num_heads, rope] at q_in + t*q_in_stride + h*q_in_head_stride
+  int64_t q_in_stride, q_in_head_stride;
+  float* q_out;  // [num_tokens, num_heads, rope] likewise; may be q_in with the same strides (in place)
+  int64_t q_out_stride, q_out_head_stride;
+  int64_t num_heads;
+  const float* kva;  // [num_tokens, kv_lora + rope], rows kva_stride apart: c_kv ‖ k_pe as projected
+  int64_t kva_stride;
+  const void* norm_weight;  // [kv_lora]: kv_a_layernorm
+  DType norm_weight_dtype;
+  float eps;
+  const int32_t* positions;  // [num_tokens]
+  const float* inv_freq;     // [rope / 2]
+  float attention_factor;    // YaRN's multiplier on cos and sin
+  bool interleaved;          // pairs (2i, 2i+1), else NeoX halves (RopeParams)
+  const int32_t* slots;      // [num_tokens]: pool row of each token
+  void* pool;                // [num_slots, kv_lora + rope] of pool_dtype
+  DType pool_dtype;          // F32 or BF16
+  int64_t num_tokens, kv_lora, rope_dim;
+};
+
 // Grouped top-k routing (DESIGN.md §4).
 struct RouterParams {
-  const float* logits;  // [num_tokens, num_experts]: x · gateᵀ in f32
+  const float* logits;  // [num_tokens, num_experts]: x · gateᵀ in f32 (unused when `x` is set)
   const float* bias;    // [num_experts]: e_score_correction_bias (choice only)
   int32_t* topk_ids;    // [num_tokens, top_k]
   float* topk_weights;  // [num_tokens, top_k]
   int64_t num_tokens, num_experts, top_k, n_group, topk_group;
   bool norm_topk_prob;
   float routed_scaling_factor;
+  // Optional gate projection in the same op (decode routes in one launch on CUDA): when `x` is
+  // set, gate_logits = x · gate_weightᵀ is computed first and routing reads it instead of `logits`.
+  const float* x = nullptr;            // [num_tokens, hidden]
+  const float* gate_weight = nullptr;  // [num_experts, hidden] f32
+  float* gate_logits = nullptr;        // [num_tokens, num_experts] written
+  int64_t hidden = 0;
 };
 
-// Routed experts: out[t] = Σ_j w[t,j] · down_e(silu(gate_e x) * up_e x), e = topk_ids[t,j].
+// Routed experts: out[t] = Σ_j w[t,j] · down_e(silu(gate_e x) * up_e x), e = topk_ids[t,j]
+// (plus the shared experts when given).
 struct MoeParams {
   const float* x;             // [num_tokens, hidden]
   const int32_t* topk_ids;    // [num_tokens, top_k]
@@ -179,6 +215,11 @@ struct MoeParams {
   DType w_dtype;
   float* out;  // [num_tokens, hidden] (overwritten)
   int64_t num_tokens, hidden, inter, num_experts, top_k;
+  // Optional shared experts, added with weight 1: out[t] += down_s(silu(gate_s x) * up_s x). Their
+  // width is n_shared_experts * inter; one op runs both so decode streams all weights in one pass.
+  const void* w_shared_gate_up = nullptr;  // [2 * shared_inter, hidden]: gate rows then up rows
+  const void* w_shared_down = nullptr;     // [hidden, shared_inter]
+  int64_t shared_inter = 0;
 };
 
 // Row-wise log-softmax.

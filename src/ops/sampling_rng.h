@@ -2,16 +2,11 @@
 // keyed by the request's seed with the draw index as the counter. Counter-based, so the CPU and
 // the GPU draw the same u for the same (seed, counter), and a request's tokens depend on its seed
 // and position only, never on what else is batched, on preemption or on the backend.
-// Plain C++ for the host; __host__ __device__ when nvcc compiles it.
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define KILN_HD __host__ __device__ __forceinline__
-#else
-#define KILN_HD inline
-#endif
+#include "ops/host_device.h"
 
 namespace kiln::ops {
 

@@ -1,4 +1,5 @@
-// Every non-attention op: CUDA against the CPU reference on fresh random inputs.
+// Every non-attention op: CUDA against the CPU reference on fresh random inputs. The OpsCpu tests
+// need no GPU (they run in CI).
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -114,7 +115,7 @@ TEST(Parity, Linear) {
 TEST(Parity, LinearHeads) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
-  for (int64_t m : {1, 3, 8, 33}) {
+  for (int64_t m : {1, 3, 8, 9, 33, 64, 300}) {  // GEMV to 8 rows, batched GEMM beyond
     for (int64_t heads : {1, 5, 12, 16}) {
       const int64_t n = 512, k = 128, xs = heads * (k + 64), ys = heads * (n + 64);  // strided like the model
       auto x = bf16_round(randn(static_cast<size_t>(m * xs), 20));
@@ -162,11 +163,52 @@ TEST(Parity, RouterChoosesTheSameExperts) {
   }
 }
 
+// The gate projection inside the routing op: one launch up to 8 tokens, per-expert CTAs over
+// 8-token chunks to 256, a tiled GEMM beyond.
+TEST(Parity, RouterWithFusedGate) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  struct Shape {
+    int64_t tokens, experts, hidden, top_k, groups, topk_groups;
+  };
+  for (Shape r : {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
+                  Shape{4, 8, 90, 2, 4, 2}, Shape{5, 64, 96, 6, 1, 1}, Shape{8, 384, 100, 8, 1, 1},
+                  Shape{9, 64, 2048, 6, 1, 1}, Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1},
+                  Shape{257, 64, 2048, 6, 1, 1}, Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}}) {
+    const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
+    const auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
+    const auto bias = randn(static_cast<size_t>(r.experts), 23, 0.05f);
+    std::vector<float> w[2], logits[2];
+    std::vector<int32_t> ids[2];
+    ops::Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      auto tx = put(*be[b], x), tg = put(*be[b], gate), tb = put(*be[b], bias);
+      auto tl = poisoned(*be[b], static_cast<size_t>(r.tokens * r.experts));
+      auto tw = poisoned(*be[b], static_cast<size_t>(r.tokens * r.top_k));
+      auto ti = be[b]->alloc(DType::I32, {r.tokens * r.top_k});
+      ops::RouterParams p{nullptr, tb.f32(), ti.t.as<int32_t>(), tw.f32(), r.tokens, r.experts,
+                          r.top_k, r.groups, r.topk_groups,      true,     2.5f};
+      p.x = tx.f32(), p.gate_weight = tg.f32(), p.gate_logits = tl.f32(), p.hidden = r.hidden;
+      for (int rep = 0; rep < 2; ++rep) be[b]->router(p);  // twice: the fused launch resets its own state
+      w[b] = get(*be[b], tw);
+      logits[b] = get(*be[b], tl);
+      ids[b].resize(static_cast<size_t>(r.tokens * r.top_k));
+      be[b]->download(ids[b].data(), ti.t);
+    }
+    const std::string what = std::to_string(r.tokens) + " tokens, " + std::to_string(r.experts) + " experts, hidden " +
+                             std::to_string(r.hidden);
+    EXPECT_LE(norm_err(logits[0], logits[1]), 1e-5) << what;
+    EXPECT_EQ(ids[0], ids[1]) << what;
+    EXPECT_LE(norm_err(w[0], w[1]), 1e-5) << what;
+  }
+}
+
 enum class MoeRouting { Random, FewExperts, OneHot };
 
 struct MoeShape {
   int64_t tokens, hidden, inter, experts, top_k;
   MoeRouting routing = MoeRouting::Random;
+  int64_t shared_inter = 0;  // shared experts' width (0: none)
 };
 
 // top_k distinct experts per token: Random draws from all experts; FewExperts only from the first
@@ -207,7 +249,7 @@ TEST(Parity, MoeExperts) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
   std::vector<MoeShape> shapes;
-  // Every token count (<= 4: per-slot GEMV; more: device-sorted grouped GEMMs) at 96/40, sizes
+  // Every token count (<= 8: decode GEMVs; more: device-sorted grouped GEMMs) at 96/40, sizes
   // that are not multiples of any tile, across expert counts and top-k.
   for (int64_t T : {1, 4, 5, 8, 32, 128, 256, 1000, 8192})
     for (auto [E, k] : {std::pair<int64_t, int64_t>{8, 1}, {64, 6}, {256, 8}, {8, 8}})
@@ -222,6 +264,13 @@ TEST(Parity, MoeExperts) {
   shapes.push_back({200, 96, 40, 64, 6, MoeRouting::FewExperts});
   shapes.push_back({8192, 96, 40, 64, 6, MoeRouting::OneHot});
   shapes.push_back({256, 2048, 1408, 64, 6, MoeRouting::OneHot});
+  // Shared experts in the same op: decode GEMVs (<= 8 tokens) and the grouped path, model widths
+  // (Moonlight: 2 shared experts, DeepSeek-V3: 1) and odd ones (scalar loads).
+  for (int64_t T : {1, 2, 3, 4, 5, 8, 16, 17, 64}) shapes.push_back({T, 2048, 1408, 64, 6, MoeRouting::Random, 2816});
+  shapes.push_back({16, 2048, 1408, 64, 6, MoeRouting::FewExperts, 2816});
+  for (int64_t T : {1, 4, 37}) shapes.push_back({T, 96, 40, 8, 2, MoeRouting::Random, 80});
+  for (int64_t T : {1, 3, 6}) shapes.push_back({T, 90, 36, 6, 2, MoeRouting::Random, 36});
+  shapes.push_back({1, 7168, 2048, 8, 8, MoeRouting::Random, 2048});
   uint64_t seed = 100;
   for (const MoeShape& s : shapes) {
     ++seed;
@@ -229,6 +278,8 @@ TEST(Parity, MoeExperts) {
     const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
     const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
     const auto ids = moe_routing(s, seed);
+    const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
+    const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
     std::vector<float> tw(ids.size());
     for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
     std::vector<float> out[3];  // cpu, gpu, gpu again
@@ -238,13 +289,20 @@ TEST(Parity, MoeExperts) {
       auto tx = put(*be[b], x), tg = put(*be[b], wgu, DType::BF16), td = put(*be[b], wd, DType::BF16);
       auto ti = put_raw(*be[b], ids, DType::I32), tww = put(*be[b], tw);
       auto to = poisoned(*be[b], x.size());
-      be[b]->moe({tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16, to.f32(), s.tokens,
-                  s.hidden, s.inter, s.experts, s.top_k});
+      ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
+                       to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
+      OwnedTensor tsgu, tsd;
+      if (s.shared_inter > 0) {
+        tsgu = put(*be[b], sgu, DType::BF16), tsd = put(*be[b], sd, DType::BF16);
+        p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
+      }
+      be[b]->moe(p);
       out[b] = get(*be[b], to);
     }
     const std::string what = std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +
                              std::to_string(s.inter) + ", " + std::to_string(s.experts) + " experts, top-" +
-                             std::to_string(s.top_k) + ", routing " + std::to_string(static_cast<int>(s.routing));
+                             std::to_string(s.top_k) + ", routing " + std::to_string(static_cast<int>(s.routing)) +
+                             ", shared " + std::to_string(s.shared_inter);
     // Both GPU paths keep f32 activations as bf16 hi + lo pairs (~16 mantissa bits): only
     // accumulation order and that split separate them from the f32 reference.
     EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << what;
@@ -280,6 +338,172 @@ TEST(Parity, KvScatterGather) {
       out[b] = get(*be[b], to);
     }
     EXPECT_EQ(norm_err(out[0], out[1]), 0.0) << dtype_name(dt);
+  }
+}
+
+// mla_prepare's inputs laid out as the model has them: q and kva are strided views of one fused
+// projection row (every head's nope ‖ rope, then c_kv ‖ k_pe, then 3 spare columns).
+struct PrepareCase {
+  int64_t heads, tokens, nope, rope, lora;
+  DType pool_dtype = DType::F32;
+  bool interleaved = true;
+  bool in_place = true;  // q_out = q_in (expanded form); else into [T, heads, lora + rope] (absorbed)
+  int64_t qk() const { return nope + rope; }
+  int64_t row() const { return lora + rope; }
+  int64_t ld() const { return heads * qk() + row() + 3; }
+  int64_t num_slots() const { return tokens + 37; }
+  std::string str() const {
+    return std::to_string(heads) + " heads, " + std::to_string(tokens) + " tokens, rope " + std::to_string(rope) +
+           ", lora " + std::to_string(lora) + ", " + dtype_name(pool_dtype) + " pool" +
+           (interleaved ? ", interleaved" : ", NeoX") + (in_place ? ", in place" : ", into qa");
+  }
+};
+
+struct PrepareInputs {
+  std::vector<float> proj, norm_w, inv_freq;  // [T, ld], [lora] (bf16-representable), [rope / 2]
+  std::vector<int32_t> pos, slots;            // [T]: slots distinct, scattered over the pool
+};
+
+PrepareInputs prepare_inputs(const PrepareCase& c, uint64_t seed) {
+  PrepareInputs in;
+  in.proj = randn(static_cast<size_t>(c.tokens * c.ld()), seed);
+  in.norm_w = bf16_round(randn(static_cast<size_t>(c.lora), seed + 1));
+  for (int64_t i = 0; i < c.rope / 2; ++i)
+    in.inv_freq.push_back(std::pow(10000.0f, -static_cast<float>(2 * i) / static_cast<float>(c.rope)));
+  std::mt19937_64 g(seed + 2);
+  std::vector<int32_t> all(static_cast<size_t>(c.num_slots()));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), g);
+  in.slots.assign(all.begin(), all.begin() + c.tokens);
+  for (int64_t t = 0; t < c.tokens; ++t) in.pos.push_back(static_cast<int32_t>(g() % 32768));
+  return in;
+}
+
+// What the op leaves behind: the projection buffer (q_pe rotated in place or not at all), the
+// separate q buffer (absorbed form; NaN where nothing may be written) and the pool (NaN-poisoned
+// before), all as raw bits.
+struct PrepareOut {
+  std::vector<float> proj, q, pool;
+};
+
+// Pool contents widened to f32 (NaN poison survives the round trip through bf16).
+std::vector<float> get_pool(ops::Backend& be, const OwnedTensor& pool) {
+  if (pool.t.dtype == DType::F32) return get(be, pool);
+  std::vector<uint16_t> bits(static_cast<size_t>(pool.t.numel()));
+  be.download(bits.data(), pool.t);
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(bits[i]);
+  return v;
+}
+
+// fused: mla_prepare; otherwise the op sequence it replaced (DeepseekV3Model::attention before the
+// fusion: rope(q) in place, then the absorbed form's copy; kv_a's output contiguous, rms_norm and
+// rope in place, kv_scatter).
+PrepareOut run_prepare(ops::Backend& be, const PrepareCase& c, const PrepareInputs& in, bool fused) {
+  const int64_t T = c.tokens, H = c.heads, ld = c.ld(), row = c.row();
+  const DType wdt = be.device() == Device::CUDA ? DType::BF16 : DType::F32;
+  auto proj = put(be, in.proj), w = put(be, in.norm_w, wdt), inv = put(be, in.inv_freq);
+  auto pos = put_raw(be, in.pos, DType::I32), slots = put_raw(be, in.slots, DType::I32);
+  auto pool = put(be, std::vector<float>(static_cast<size_t>(c.num_slots() * row), NAN), c.pool_dtype);
+  auto q = poisoned(be, static_cast<size_t>(c.in_place ? 1 : T * H * row));
+  float* q_in = proj.f32() + c.nope;  // head h of token t at q_in + t * ld + h * qk
+  const float* kva = proj.f32() + H * c.qk();
+  float* q_out = c.in_place ? q_in : q.f32() + c.lora;
+  const int64_t out_stride = c.in_place ? ld : H * row, out_head = c.in_place ? c.qk() : row;
+  if (fused) {
+    be.mla_prepare({.q_in = q_in,
+                    .q_in_stride = ld,
+                    .q_in_head_stride = c.qk(),
+                    .q_out = q_out,
+                    .q_out_stride = out_stride,
+                    .q_out_head_stride = out_head,
+                    .num_heads = H,
+                    .kva = kva,
+                    .kva_stride = ld,
+                    .norm_weight = w.t.data,
+                    .norm_weight_dtype = w.t.dtype,
+                    .eps = 1e-6f,
+                    .positions = pos.t.as<int32_t>(),
+                    .inv_freq = inv.f32(),
+                    .attention_factor = 1.3f,
+                    .interleaved = c.interleaved,
+                    .slots = slots.t.as<int32_t>(),
+                    .pool = pool.t.data,
+                    .pool_dtype = c.pool_dtype,
+                    .num_tokens = T,
+                    .kv_lora = c.lora,
+                    .rope_dim = c.rope});
+  } else {
+    be.rope({q_in, T, H, ld, c.qk(), c.rope, pos.t.as<int32_t>(), inv.f32(), 1.3f, c.interleaved});
+    for (int64_t t = 0; t < T && !c.in_place; ++t)
+      be.copy({q_in + t * ld, c.qk(), q_out + t * out_stride, out_head, H, c.rope});
+    auto kv = poisoned(be, static_cast<size_t>(T * row));
+    be.copy({kva, ld, kv.f32(), row, T, row});
+    be.rms_norm({kv.f32(), row, w.t.data, w.t.dtype, kv.f32(), row, T, c.lora, 1e-6f});
+    be.rope({kv.f32() + c.lora, T, 1, row, 0, c.rope, pos.t.as<int32_t>(), inv.f32(), 1.3f, c.interleaved});
+    be.kv_scatter({kv.f32(), slots.t.as<int32_t>(), pool.t.data, c.pool_dtype, T, row});
+  }
+  return {get(be, proj), get(be, q), get_pool(be, pool)};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every heads count, 1..300 tokens, both pool types and rope layouts, in place and into qa.
+std::vector<PrepareCase> prepare_cases(std::initializer_list<int64_t> heads, std::initializer_list<int64_t> tokens) {
+  std::vector<PrepareCase> cases;
+  for (int64_t h : heads)
+    for (int64_t t : tokens)
+      for (DType dt : {DType::F32, DType::BF16})
+        for (bool inter : {true, false})
+          for (bool in_place : {true, false}) cases.push_back({h, t, 128, 64, 512, dt, inter, in_place});
+  // A small model's shape (odd latent width, narrow rope).
+  for (bool in_place : {true, false}) cases.push_back({5, 9, 16, 8, 36, DType::BF16, true, in_place});
+  return cases;
+}
+
+TEST(OpsCpu, MlaPrepareEqualsTheOpSequenceItReplaces) {
+  auto& cpu = *backends().cpu;
+  uint64_t seed = 500;
+  for (const PrepareCase& c : prepare_cases({1, 5, 24, 128}, {1, 3, 64})) {
+    const PrepareInputs in = prepare_inputs(c, ++seed);
+    const PrepareOut fused = run_prepare(cpu, c, in, true), ops = run_prepare(cpu, c, in, false);
+    EXPECT_TRUE(same_bits(fused.q, ops.q)) << c.str();
+    EXPECT_TRUE(same_bits(fused.pool, ops.pool)) << c.str();  // the new rows, and nothing else
+    // In place: q_pe rotated alike. Into qa: q_in only read (the old sequence rotated it first).
+    // Either way kva stays as projected.
+    EXPECT_TRUE(same_bits(fused.proj, c.in_place ? ops.proj : in.proj)) << c.str();
+  }
+}
+
+TEST(Parity, MlaPrepare) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  uint64_t seed = 600;
+  for (const PrepareCase& c : prepare_cases({1, 5, 8, 12, 16, 24, 64, 128}, {1, 2, 37, 300})) {
+    const PrepareInputs in = prepare_inputs(c, ++seed);
+    const PrepareOut want = run_prepare(*cpu, c, in, true), got = run_prepare(*gpu, c, in, true);
+    EXPECT_LE(norm_err(want.proj, got.proj), 1e-5) << c.str();
+    // Poison where the op must not write stays poison; everything else is checked below.
+    for (size_t i = 0; i < want.q.size(); ++i)
+      ASSERT_EQ(std::isnan(want.q[i]), std::isnan(got.q[i])) << c.str() << ", q[" << i << "]";
+    std::vector<float> wq, gq;
+    for (size_t i = 0; i < want.q.size(); ++i)
+      if (!std::isnan(want.q[i])) wq.push_back(want.q[i]), gq.push_back(got.q[i]);
+    EXPECT_LE(norm_err(wq, gq), 1e-5) << c.str();
+    int64_t written = 0;
+    for (size_t i = 0; i < want.pool.size(); ++i) {
+      const float a = want.pool[i], b = got.pool[i];
+      ASSERT_EQ(std::isnan(a), std::isnan(b)) << c.str() << ", pool[" << i << "]";
+      if (std::isnan(a)) continue;
+      ++written;
+      // f32 sums in another order: a few f32 ulps; a bf16 pool may then round the other way (one
+      // bf16 ulp, 2^-7 relative at most).
+      const float tol = c.pool_dtype == DType::BF16 ? std::ldexp(std::fabs(a), -7) : 1e-5f * (1 + std::fabs(a));
+      ASSERT_LE(std::fabs(a - b), tol) << c.str() << ", pool[" << i << "]";
+    }
+    EXPECT_EQ(written, c.tokens * c.row()) << c.str();
   }
 }
 

@@ -123,6 +123,27 @@ TEST(MlaParity, AbsorbedBf16PoolAcrossHeadsContextsBatches) {
   }
 }
 
+// The tensor-core kernel merges its splits in the same launch, through counters each launch must
+// leave at zero and in an order fixed by split index: the same call twice is bitwise equal. Contexts
+// sit on either side of split boundaries (64 rows a split at least; on a 132-SM GPU 8192 rows fill
+// 128 splits of 64 exactly, 8193 takes 86 of 96), in one- and two-tile (24-head) CTAs.
+TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  std::vector<DecodeCase> cases;
+  for (int32_t ctx : {64, 65, 128, 129, 8192, 8193}) cases.push_back({16, {ctx}, 1});
+  cases.push_back({24, {129, 4000}, 2});
+  cases.push_back({16, std::vector<int32_t>(8, 1000), 1});
+  uint64_t seed = 1300;
+  for (const auto& c : cases) {
+    auto in = make_decode(c, seed += 10);
+    auto first = run_absorbed(*gpu, c, in.q, in, DType::BF16);
+    auto again = run_absorbed(*gpu, c, in.q, in, DType::BF16);
+    EXPECT_EQ(first, again) << describe(c);
+    EXPECT_LE(norm_err(run_absorbed(*cpu, c, in.q, in, DType::BF16), first), 1e-2) << describe(c);
+  }
+}
+
 // f32 pools (and the CUDA-core kernel behind them) stay exact to f32 rounding.
 TEST(MlaParity, AbsorbedF32Pool) {
   KILN_NEED_GPU();
@@ -217,8 +238,9 @@ struct PrefillCase {
   std::vector<int32_t> q_lens, kv_lens;  // kv_len >= q_len: the rest is a cached prefix
 };
 
+// q_stride: q's rows this far apart (0: contiguous).
 std::vector<float> run_expanded(ops::Backend& be, const PrefillCase& c, const std::vector<float>& q,
-                                const std::vector<float>& k, const std::vector<float>& v) {
+                                const std::vector<float>& k, const std::vector<float>& v, int64_t q_stride = 0) {
   std::vector<int32_t> cu_q = {0}, cu_kv = {0};
   for (size_t b = 0; b < c.q_lens.size(); ++b) {
     cu_q.push_back(cu_q.back() + c.q_lens[b]);
@@ -236,7 +258,8 @@ std::vector<float> run_expanded(ops::Backend& be, const PrefillCase& c, const st
                    c.heads,
                    c.qk,
                    c.v,
-                   0.09f});
+                   0.09f,
+                   q_stride});
   return get(be, to);
 }
 
@@ -307,6 +330,43 @@ TEST(MlaParity, ExpandedTwelveHeadsInsideSixteen) {
   auto out16 = run_expanded(*gpu, c16, q16, k16, v16);
   auto out12 = run_expanded(*gpu, c12, first12(q16, qk), first12(k16, qk), first12(v16, vd));
   EXPECT_EQ(first12(out16, vd), out12);
+}
+
+// q as a view of a wider row (the fused q + kv_a projection without q LoRA): `pad` spare columns
+// after each token's heads.
+std::vector<float> widen_rows(const std::vector<float>& q, int64_t width, int64_t pad) {
+  std::vector<float> out;
+  for (size_t t = 0; t < q.size() / static_cast<size_t>(width); ++t) {
+    out.insert(out.end(), q.begin() + static_cast<int64_t>(t) * width, q.begin() + static_cast<int64_t>(t + 1) * width);
+    out.insert(out.end(), static_cast<size_t>(pad), NAN);
+  }
+  return out;
+}
+
+// CPU only: strided q gives the contiguous result bit for bit.
+TEST(MlaCpu, ExpandedReadsStridedQ) {
+  auto& cpu = backends().cpu;
+  for (const PrefillCase& c : {PrefillCase{5, 30, 20, {17, 1}, {17, 9}}, PrefillCase{12, 192, 128, {40}, {70}}}) {
+    const int64_t tq = std::accumulate(c.q_lens.begin(), c.q_lens.end(), int64_t{0}),
+                  tkv = std::accumulate(c.kv_lens.begin(), c.kv_lens.end(), int64_t{0}), w = c.heads * c.qk;
+    auto q = randn(static_cast<size_t>(tq * w), 60, 0.5f), k = randn(static_cast<size_t>(tkv * w), 61, 0.5f),
+         v = randn(static_cast<size_t>(tkv * c.heads * c.v), 62);
+    EXPECT_EQ(run_expanded(*cpu, c, q, k, v), run_expanded(*cpu, c, widen_rows(q, w, 580), k, v, w + 580));
+  }
+}
+
+// The tensor-core kernel takes q rows a multiple of 4 floats apart; other strides fall back to the
+// f32 kernel. Both read the right rows.
+TEST(MlaParity, ExpandedStridedQ) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  const PrefillCase c{12, 192, 128, {260, 30}, {270, 30}};
+  const int64_t w = c.heads * c.qk;
+  auto q = randn(static_cast<size_t>(290 * w), 70, 0.5f), k = randn(static_cast<size_t>(300 * w), 71, 0.5f),
+       v = randn(static_cast<size_t>(300 * c.heads * c.v), 72);
+  const auto ref = run_expanded(*cpu, c, q, k, v);
+  for (int64_t pad : {580, 3})
+    EXPECT_LE(norm_err(ref, run_expanded(*gpu, c, widen_rows(q, w, pad), k, v, w + pad)), expanded_bound(c)) << pad;
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ class CpuBackend final : public Backend {
   int64_t free_memory_bytes() const override { return host_available_bytes(); }
   void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
-    return {{"all ops", "CPU reference (f32; OpenBLAS GEMM, OpenMP loops)"}};
+    return {{"all ops", "CPU reference (f32; OpenBLAS GEMM, OpenMP loops)"},
+            {"mla_prepare", "CPU reference: copy, rope, rms_norm, rope and kv_scatter composed"}};
   }
 
   void copy(const CopyParams& p) override { cpu::copy(p); }
@@ -51,6 +52,7 @@ class CpuBackend final : public Backend {
   void mla_absorbed(const MlaAbsorbedParams& p) override { cpu::mla_absorbed(p); }
   void kv_scatter(const KvScatterParams& p) override { cpu::kv_scatter(p); }
   void kv_gather(const KvGatherParams& p) override { cpu::kv_gather(p); }
+  void mla_prepare(const MlaPrepareParams& p) override { cpu::mla_prepare(p); }
   void router(const RouterParams& p) override { cpu::router(p); }
   void moe(const MoeParams& p) override { cpu::moe(p); }
   void log_softmax(const LogSoftmaxParams& p) override { cpu::log_softmax(p); }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/rope_math.h"
 
 namespace kiln::ops::cpu {
 
@@ -79,25 +80,16 @@ void swiglu(const SwigluParams& p) {
 
 void rope(const RopeParams& p) {
   const int64_t half = p.rot_dim / 2;
-  std::vector<float> cs(static_cast<size_t>(p.rot_dim));
-  std::vector<float> tmp(static_cast<size_t>(p.rot_dim));
+  std::vector<RopeCosSin> rot(static_cast<size_t>(half));
   for (int64_t t = 0; t < p.num_tokens; ++t) {
-    // As transformers: the angle is formed in f32, cos/sin are scaled by the YaRN factor.
-    const float pos = static_cast<float>(p.positions[t]);
-    for (int64_t i = 0; i < half; ++i) {
-      const float ang = p.inv_freq[i] * pos;
-      cs[static_cast<size_t>(i)] = std::cos(ang) * p.attention_factor;
-      cs[static_cast<size_t>(half + i)] = std::sin(ang) * p.attention_factor;
-    }
+    for (int64_t i = 0; i < half; ++i)
+      rot[static_cast<size_t>(i)] = rope_cos_sin(p.inv_freq[i], p.positions[t], p.attention_factor);
     for (int64_t h = 0; h < p.num_heads; ++h) {
       float* x = p.x + t * p.token_stride + h * p.head_stride;
       for (int64_t i = 0; i < half; ++i) {
-        const float c = cs[static_cast<size_t>(i)], s = cs[static_cast<size_t>(half + i)];
-        const int64_t a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + half;
-        tmp[static_cast<size_t>(a)] = x[a] * c - x[b] * s;
-        tmp[static_cast<size_t>(b)] = x[b] * c + x[a] * s;
+        const RopePair ab = rope_pair(i, half, p.interleaved);
+        rope_rotate(x[ab.a], x[ab.b], rot[static_cast<size_t>(i)]);
       }
-      for (int64_t i = 0; i < p.rot_dim; ++i) x[i] = tmp[static_cast<size_t>(i)];
     }
   }
 }

@@ -35,6 +35,7 @@ void check_seqs(const VarlenSeqs& s) {
 
 void mla_expanded(const MlaExpandedParams& p) {
   check_seqs(p.seqs);
+  const int64_t qs = p.q_stride ? p.q_stride : p.num_heads * p.qk_dim;
   for (int64_t b = 0; b < p.seqs.num_seqs; ++b) {
     const int64_t q0 = p.seqs.cu_q[b], q_len = p.seqs.cu_q[b + 1] - q0;
     const int64_t kv0 = p.seqs.cu_kv[b], kv_len = p.seqs.cu_kv[b + 1] - kv0;
@@ -43,7 +44,7 @@ void mla_expanded(const MlaExpandedParams& p) {
       for (int64_t h = 0; h < p.num_heads; ++h) {
         const int64_t visible = kv_len - q_len + i + 1;  // causal: keys up to this query's position
         std::vector<float> s(static_cast<size_t>(visible));
-        const float* q = p.q + ((q0 + i) * p.num_heads + h) * p.qk_dim;
+        const float* q = p.q + (q0 + i) * qs + h * p.qk_dim;
         for (int64_t j = 0; j < visible; ++j) {
           const float* k = p.k + ((kv0 + j) * p.num_heads + h) * p.qk_dim;
           float dot = 0;
@@ -147,6 +148,21 @@ void kv_gather(const KvGatherParams& p) {
     KILN_CHECK(n == p.kv.kv_lens[b], "kv_gather: sequence {} spans {} rows but has {} cached", b, n, p.kv.kv_lens[b]);
     for (int64_t j = 0; j < n; ++j) load_row(p.kv, b, j, p.row_dim, p.out + (p.cu_kv[b] + j) * p.row_dim);
   }
+}
+
+void mla_prepare(const MlaPrepareParams& p) {
+  const int64_t T = p.num_tokens, row = p.kv_lora + p.rope_dim;
+  if (p.q_out != p.q_in)
+    for (int64_t t = 0; t < T; ++t)
+      copy({p.q_in + t * p.q_in_stride, p.q_in_head_stride, p.q_out + t * p.q_out_stride, p.q_out_head_stride,
+            p.num_heads, p.rope_dim});
+  rope({p.q_out, T, p.num_heads, p.q_out_stride, p.q_out_head_stride, p.rope_dim, p.positions, p.inv_freq,
+        p.attention_factor, p.interleaved});
+  std::vector<float> rows(static_cast<size_t>(T * row));  // [T, row]: the new latent rows in f32
+  rms_norm({p.kva, p.kva_stride, p.norm_weight, p.norm_weight_dtype, rows.data(), row, T, p.kv_lora, p.eps});
+  copy({p.kva + p.kv_lora, p.kva_stride, rows.data() + p.kv_lora, row, T, p.rope_dim});
+  rope({rows.data() + p.kv_lora, T, 1, row, 0, p.rope_dim, p.positions, p.inv_freq, p.attention_factor, p.interleaved});
+  kv_scatter({rows.data(), p.slots, p.pool, p.pool_dtype, T, row});
 }
 
 }  // namespace kiln::ops::cpu

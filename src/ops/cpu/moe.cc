@@ -24,7 +24,14 @@ std::vector<int64_t> top_k_indices(const std::vector<float>& v, int64_t k) {
 
 }  // namespace
 
-void router(const RouterParams& p) {
+void router(const RouterParams& p_in) {
+  RouterParams p = p_in;
+  if (p.x) {  // the fused gate projection: logits first, then the same routing
+    KILN_CHECK(p.gate_weight && p.gate_logits && p.hidden > 0,
+               "router: a fused gate needs its weight, output and width");
+    linear({p.x, 0, p.gate_weight, DType::F32, p.gate_logits, 0, p.num_tokens, p.num_experts, p.hidden});
+    p.logits = p.gate_logits;
+  }
   const int64_t E = p.num_experts, per_group = E / p.n_group;
   KILN_CHECK(E % p.n_group == 0 && p.topk_group <= p.n_group && p.top_k <= p.topk_group * per_group,
              "router: {} experts cannot be split into {} groups keeping {} for top-{}", E, p.n_group, p.topk_group,
@@ -91,6 +98,15 @@ void moe(const MoeParams& p) {
       const auto [t, w] = toks[static_cast<size_t>(i)];
       for (int64_t d = 0; d < H; ++d) p.out[t * H + d] += w * y[static_cast<size_t>(i * H + d)];
     }
+  }
+  if (p.shared_inter > 0) {  // the shared experts: one dense SwiGLU MLP over every token, weight 1
+    const int64_t T = p.num_tokens, S = p.shared_inter;
+    std::vector<float> gu(static_cast<size_t>(T * 2 * S)), act(static_cast<size_t>(T * S)),
+        y(static_cast<size_t>(T * H));
+    linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu.data(), 0, T, 2 * S, H});
+    swiglu({gu.data(), act.data(), T, S});
+    linear({act.data(), 0, p.w_shared_down, p.w_dtype, y.data(), 0, T, H, S});
+    for (int64_t i = 0; i < T * H; ++i) p.out[i] += y[static_cast<size_t>(i)];
   }
 }
 

@@ -152,6 +152,9 @@ class CudaBackend final : public Backend {
             {"mla decode",
              "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV + LSE combine; 576-wide rows: "
              "mma.sync 16-head tiles (tail masked); other latent widths: CUDA-core 16-head tiles"},
+            {"mla_prepare",
+             "kiln fused attention prologue, one launch: a CTA per token ropes every q head and writes its "
+             "latent row (RMSNorm c_kv, rope k_pe) to the pool"},
             {"router", "kiln fused sigmoid + bias + grouped top-k (one thread per token)"},
             {"moe",
              "<=4 tokens: kiln per-slot bf16 GEMV; more: device-sorted grouped mma.sync GEMMs (gate/up + SwiGLU, down; "
@@ -199,6 +202,9 @@ class CudaBackend final : public Backend {
   }
   void kv_gather(const KvGatherParams& p) override {
     run("kv_gather", [&] { cuda::kv_gather(p, stream_); });
+  }
+  void mla_prepare(const MlaPrepareParams& p) override {
+    run("mla_prepare", [&] { cuda::mla_prepare(p, stream_); });
   }
   void router(const RouterParams& p) override {
     run("router", [&] { cuda::router(p, stream_); });

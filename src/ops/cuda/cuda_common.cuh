@@ -29,6 +29,14 @@ __device__ __forceinline__ float load_w(const void* p, int64_t i, bool bf16) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
+// Latent KV pool values are f32 or bf16; bf16 stores round to nearest even (as the CPU reference).
+__device__ __forceinline__ void store_kv(void* pool, int64_t i, float v, bool bf16) {
+  if (bf16)
+    static_cast<__nv_bfloat16*>(pool)[i] = __float2bfloat16_rn(v);
+  else
+    static_cast<float*>(pool)[i] = v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -79,6 +87,10 @@ __device__ __forceinline__ float block_sum(float v, float* smem32) {
   const int nw = blockDim.x >> 5;
   float r = lane < nw ? smem32[lane] : 0.0f;
   return warp_sum(r);
+}
+// RMSNorm's 1 / sqrt(mean(x²) + eps) of a dim-wide row whose threads hold partial sums of squares.
+__device__ __forceinline__ float block_rms_inv(float sum_sq, int64_t dim, float eps, float* smem32) {
+  return rsqrtf(block_sum(sum_sq, smem32) / static_cast<float>(dim) + eps);
 }
 __device__ __forceinline__ float block_max(float v, float* smem32) {
   v = warp_max(v);

@@ -18,6 +18,8 @@ void swiglu(const SwigluParams& p, cudaStream_t s);
 void rope(const RopeParams& p, cudaStream_t s);
 void kv_scatter(const KvScatterParams& p, cudaStream_t s);
 void kv_gather(const KvGatherParams& p, cudaStream_t s);
+// The attention prologue (mla/mla_prepare.cu): one CTA per token, graph-capturable.
+void mla_prepare(const MlaPrepareParams& p, cudaStream_t s);
 void log_softmax(const LogSoftmaxParams& p, cudaStream_t s);
 // Token choice per row (sampling.cu): one CTA per row, graph-capturable.
 void sample(const SampleParams& p, cudaStream_t s);
@@ -41,6 +43,7 @@ class Gemm {
 
 void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s);
 void mla_expanded(const MlaExpandedParams& p, cudaStream_t s);
+// Routing; with a fused gate (p.x set) <= 8 tokens run gate + routing in one launch.
 void router(const RouterParams& p, cudaStream_t s);
 
 // Routed experts (bf16 weights), graph-capturable, no host sync: <= 4 tokens run per-slot GEMVs;

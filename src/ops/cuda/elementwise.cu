@@ -1,16 +1,22 @@
 // Embedding, RMSNorm, add, SwiGLU, copies, RoPE, KV scatter/gather, log-softmax, fills, casts.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/pdl.cuh"
+#include "ops/rope_math.h"
 
 namespace kiln::ops::cuda {
 namespace {
 
 __global__ void copy_kernel(CopyParams p) {
+  pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) p.dst[r * p.dst_stride + c] = p.src[r * p.src_stride + c];
 }
 
 __global__ void embedding_kernel(EmbeddingParams p, bool bf16) {
+  pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int64_t id = p.ids[t];
   if (id < 0 || id >= p.vocab) return;  // checked on the host before launch
@@ -18,11 +24,50 @@ __global__ void embedding_kernel(EmbeddingParams p, bool bf16) {
     p.out[t * p.hidden + i] = load_w(p.table, id * p.hidden + i, bf16);
 }
 
-__global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf16) {
+__device__ __forceinline__ float4 load_w4(const void* w, int64_t i, bool bf16) {
+  if (!bf16) return reinterpret_cast<const float4*>(w)[i];
+  const uint2 u = reinterpret_cast<const uint2*>(w)[i];
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// vec: dim % 4 == 0 and every row 16-byte aligned, so rows move as float4 (a decode step's norm
+// is one CTA per token: its latency is the loads each thread issues one after another).
+__global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf16, bool vec) {
+  pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
+  pdl_trigger();
   __shared__ float red[32];
   const float* x = p.x + blockIdx.x * xs;
   float* o = p.out + blockIdx.x * os;
   float ss = 0;
+  if (vec) {
+    const int64_t n4 = p.dim / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    if (p.residual) {  // each thread re-reads only the sums it wrote: no barrier needed
+      const float4* r4 = reinterpret_cast<const float4*>(p.residual + blockIdx.x * xs);
+      float4* s4 = reinterpret_cast<float4*>(p.sum + blockIdx.x * xs);
+      for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+        const float4 a = x4[i], b = r4[i];
+        const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        s4[i] = v;
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      x4 = s4;
+    } else {
+      for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+        const float4 v = x4[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+    }
+    const float inv = block_rms_inv(ss, p.dim, p.eps, red);
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 v = x4[i], w = load_w4(p.weight, i, bf16);
+      reinterpret_cast<float4*>(o)[i] =
+          make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
+    }
+    return;
+  }
   if (p.residual) {  // each thread re-reads only the sums it wrote: no barrier needed
     const float* res = p.residual + blockIdx.x * xs;
     float* sum = p.sum + blockIdx.x * xs;
@@ -35,12 +80,13 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf
   } else {
     for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss += x[i] * x[i];
   }
-  ss = block_sum(ss, red);
-  const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
+  const float inv = block_rms_inv(ss, p.dim, p.eps, red);
   for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) o[i] = load_w(p.weight, i, bf16) * (x[i] * inv);
 }
 
 __global__ void add_kernel(AddParams p) {
+  pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
+  pdl_trigger();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < p.n) p.out[i] = p.a[i] + p.b[i];
 }
@@ -59,17 +105,9 @@ __global__ void rope_kernel(RopeParams p) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= p.num_tokens * p.num_heads * half) return;
   const int64_t pair = i % half, h = (i / half) % p.num_heads, t = i / (half * p.num_heads);
-  // As the reference: angle in f32, precise sin/cos (not the fast intrinsics).
-  const float ang = p.inv_freq[pair] * static_cast<float>(p.positions[t]);
-  float sn, cs;
-  sincosf(ang, &sn, &cs);
-  cs *= p.attention_factor;
-  sn *= p.attention_factor;
   float* x = p.x + t * p.token_stride + h * p.head_stride;
-  const int64_t a = p.interleaved ? 2 * pair : pair, b = p.interleaved ? 2 * pair + 1 : pair + half;
-  const float xa = x[a], xb = x[b];
-  x[a] = xa * cs - xb * sn;
-  x[b] = xb * cs + xa * sn;
+  const RopePair ab = rope_pair(pair, half, p.interleaved);
+  rope_rotate(x[ab.a], x[ab.b], rope_cos_sin(p.inv_freq[pair], p.positions[t], p.attention_factor));
 }
 
 __global__ void kv_scatter_kernel(KvScatterParams p) {
@@ -77,11 +115,7 @@ __global__ void kv_scatter_kernel(KvScatterParams p) {
   const int64_t slot = p.slots[t];
   const bool bf16 = p.pool_dtype == DType::BF16;
   for (int64_t c = threadIdx.x; c < p.row_dim; c += blockDim.x) {
-    const float v = p.rows[t * p.row_dim + c];
-    if (bf16)
-      static_cast<__nv_bfloat16*>(p.pool)[slot * p.row_dim + c] = __float2bfloat16_rn(v);  // nearest even
-    else
-      static_cast<float*>(p.pool)[slot * p.row_dim + c] = v;
+    store_kv(p.pool, slot * p.row_dim + c, p.rows[t * p.row_dim + c], bf16);
   }
 }
 
@@ -141,19 +175,23 @@ int row_threads(int64_t cols) {
 
 void copy(const CopyParams& p, cudaStream_t s) {
   if (p.rows == 0) return;
-  copy_kernel<<<static_cast<unsigned>(p.rows), row_threads(p.cols), 0, s>>>(p);
+  launch_pdl(copy_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(row_threads(p.cols)), 0, s, p);
 }
 void embedding(const EmbeddingParams& p, cudaStream_t s) {
-  embedding_kernel<<<static_cast<unsigned>(p.num_tokens), row_threads(p.hidden), 0, s>>>(p,
-                                                                                         p.table_dtype == DType::BF16);
+  launch_pdl(embedding_kernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(row_threads(p.hidden)), 0, s, p,
+             p.table_dtype == DType::BF16);
 }
 void rms_norm(const RmsNormParams& p, cudaStream_t s) {
   if (p.rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(p.rows), row_threads(p.dim), 0, s>>>(
-      p, p.x_stride ? p.x_stride : p.dim, p.out_stride ? p.out_stride : p.dim, p.weight_dtype == DType::BF16);
+  const int64_t xs = p.x_stride ? p.x_stride : p.dim, os = p.out_stride ? p.out_stride : p.dim;
+  auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  const bool vec = p.dim % 4 == 0 && xs % 4 == 0 && os % 4 == 0 && a16(p.x) && a16(p.out) && a16(p.residual) &&
+                   a16(p.sum) && a16(p.weight) && (p.weight_dtype == DType::BF16 || p.weight_dtype == DType::F32);
+  launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(row_threads(vec ? p.dim / 4 : p.dim)), 0, s, p,
+             xs, os, p.weight_dtype == DType::BF16, vec);
 }
 void add(const AddParams& p, cudaStream_t s) {
-  if (p.n) add_kernel<<<blocks_for(p.n, 256), 256, 0, s>>>(p);
+  if (p.n) launch_pdl(add_kernel, dim3(blocks_for(p.n, 256)), dim3(256), 0, s, p);
 }
 void swiglu(const SwigluParams& p, cudaStream_t s) {
   if (p.rows * p.inter) swiglu_kernel<<<blocks_for(p.rows * p.inter, 256), 256, 0, s>>>(p);

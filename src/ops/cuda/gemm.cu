@@ -5,11 +5,13 @@
 // Algorithm choices are cached per shape.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/pdl.cuh"
 
 #define KILN_CUBLAS_CHECK(expr)                                                                                        \
   do {                                                                                                                 \
@@ -22,22 +24,26 @@
 namespace kiln::ops::cuda {
 namespace {
 
-// x [m, k] (rows `stride` apart) -> hi [m, k] then lo [m, k], both bf16, with x ≈ hi + lo.
-__global__ void split_bf16_kernel(const float* x, int64_t stride, __nv_bfloat16* out, int64_t m, int64_t k) {
+// Head h = blockIdx.y of x [m, heads, k] -> out[h] = hi [m, k] then lo [m, k], bf16, x ≈ hi + lo.
+__global__ void split_bf16_kernel(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m,
+                                  int64_t k) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= m * k) return;
-  const float v = x[(i / k) * stride + i % k];
+  const float v = x[blockIdx.y * head_stride + (i / k) * stride + i % k];
   const __nv_bfloat16 hi = __float2bfloat16(v);
-  out[i] = hi;
-  out[m * k + i] = __float2bfloat16(v - __bfloat162float(hi));
+  __nv_bfloat16* o = out + blockIdx.y * 2 * m * k;
+  o[i] = hi;
+  o[m * k + i] = __float2bfloat16(v - __bfloat162float(hi));
 }
 
-// y[i, j] = t[i, j] + t[m + i, j]
-__global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, float* y, int64_t y_stride) {
+// Head h = blockIdx.y: y[i, h, j] = t[h][i, j] + t[h][m + i, j]
+__global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, float* y, int64_t y_stride,
+                                  int64_t y_head_stride) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= m * n) return;
   const int64_t r = i / n, c = i % n;
-  y[r * y_stride + c] = t[i] + t[m * n + i];
+  const float* th = t + blockIdx.y * 2 * m * n;
+  y[blockIdx.y * y_head_stride + r * y_stride + c] = th[i] + th[m * n + i];
 }
 
 // Small-m GEMV over bf16 weights with f32 activations: one warp per output row reads the weight
@@ -47,7 +53,6 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, float* y
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvWarps = 8;
 constexpr int kUnroll = 4;
-constexpr int64_t kGemvMaxHeadsRows = 256;  // linear_heads: chunked GEMV up to here
 
 template <int M>
 __device__ __forceinline__ void gemv_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col, int rows,
@@ -73,7 +78,15 @@ __device__ __forceinline__ void gemv_accumulate(const uint4& v, const float* x, 
 template <int M>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams p) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5), h = blockIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps, h = blockIdx.y;
+  if (threadIdx.x == 0 && blockIdx.z == 0 && p.k % 8 == 0) {  // weights are constant: fetch them early
+    const auto* rows = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r0 * p.k;
+    if ((reinterpret_cast<uintptr_t>(rows) & 15) == 0)
+      prefetch_l2(rows, static_cast<uint32_t>(min(static_cast<int64_t>(kGemvWarps), p.n - r0) * p.k * 2));
+  }
+  pdl_wait();
+  pdl_trigger();
+  const int64_t r = r0 + (threadIdx.x >> 5);
   if (r >= p.n) return;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k;
   // blockIdx.z: which M activation rows (more than M rows run as several chunks of one launch).
@@ -115,16 +128,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
 
 void launch_gemv(const LinearHeadsParams& p, cudaStream_t s) {
   dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads), blocks_for(p.m, kGemvMaxRows));
-  switch (p.m) {  // rows as a template parameter: no dead accumulators, fully unrolled x loads
-    case 1: gemv_kernel<1><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    case 2: gemv_kernel<2><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    case 3: gemv_kernel<3><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    case 4: gemv_kernel<4><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    case 5: gemv_kernel<5><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    case 6: gemv_kernel<6><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    case 7: gemv_kernel<7><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-    default: gemv_kernel<8><<<grid, kGemvWarps * 32, 0, s>>>(p); break;
-  }
+  static void (*const kernels[])(LinearHeadsParams) = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
+                                                       gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
+  // rows as a template parameter: no dead accumulators, fully unrolled x loads
+  launch_pdl(kernels[std::min<int64_t>(p.m, kGemvMaxRows) - 1], grid, dim3(kGemvWarps * 32), 0, s, p);
 }
 
 }  // namespace
@@ -133,11 +140,65 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_size = 64u << 20;
-  GrowOnlyScratch xbuf;  // bf16 hi/lo parts of x
-  GrowOnlyScratch tbuf;  // [2m, n] f32 products of the two parts
-  // (m, n, k, x_ld, y_ld) -> chosen algorithm
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> algos;
+  GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x
+  GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
+  // (rows, n, k, ldb, ldc, heads) -> chosen algorithm (ldb < 0: f32 operands)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> algos;
+
+  // c[h] = b[h] · a[h]ᵀ for h < heads: a [n, k] (row-major, heads a_stride elements apart), b [rows, k]
+  // rows ldb apart, c [rows, n] f32 rows ldc apart; type: bf16 or f32 operands.
+  void matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb, int64_t b_stride,
+              float* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k, int64_t heads,
+              cudaStream_t s);
 };
+
+void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb,
+                        int64_t b_stride, float* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k,
+                        int64_t heads, cudaStream_t s) {
+  cublasLtMatmulDesc_t op;
+  // Plain CUBLAS_COMPUTE_32F keeps f32 x f32 in full f32 (TF32 needs _FAST_TF32); the PEDANTIC
+  // variant picked a ~100x slower kernel (the router gate at 8k tokens took 3.6 ms).
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  // Weights [n, k] row-major = column-major [k, n]: op(A) = Aᵀ gives [n, k]; x and y likewise.
+  cublasLtMatrixLayout_t la, lb, lc;
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, static_cast<uint64_t>(k), static_cast<uint64_t>(rows), ldb));
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(rows), ldc));
+  if (heads > 1) {
+    const int32_t count = static_cast<int32_t>(heads);
+    for (auto [l, stride] : {std::pair{la, a_stride}, std::pair{lb, b_stride}, std::pair{lc, c_stride}}) {
+      KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      KILN_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
+  const auto key = std::make_tuple(rows, n, k, ldb * (type == CUDA_R_32F ? -1 : 1), ldc, heads);
+  auto it = algos.find(key);
+  if (it == algos.end()) {
+    cublasLtMatmulPreference_t pref;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace_size, sizeof(workspace_size)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, la, lb, lc, lc, pref, 1, &res, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    KILN_REQUIRE(found > 0, "cuBLASLt has no algorithm for a " + std::to_string(rows) + "x" + std::to_string(n) + "x" +
+                                std::to_string(k) + " GEMM (" + std::to_string(heads) + " heads)");
+    it = algos.emplace(key, res.algo).first;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  KILN_CUBLAS_CHECK(
+      cublasLtMatmul(handle, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &it->second, workspace, workspace_size, s));
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+}
 
 Gemm::Gemm() : impl_(new Impl) {
   KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
@@ -152,86 +213,32 @@ Gemm::~Gemm() {
 
 void Gemm::linear_heads(const LinearHeadsParams& p, cudaStream_t s) {
   if (p.m == 0 || p.n == 0 || p.heads == 0) return;
-  // The absorbed folds (16-128 small heads): per-head weights are small and reused by every row,
-  // so the chunked GEMV beats a loop of per-head GEMMs up to a few hundred rows.
-  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxHeadsRows) {
+  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, exact f32 x
     launch_gemv(p, s);
     return;
   }
-  const size_t esz = dtype_size(p.w_dtype);
-  for (int64_t h = 0; h < p.heads; ++h)
-    linear({p.x + h * p.x_head_stride, p.x_stride,
-            static_cast<const char*>(p.w) + static_cast<size_t>(h * p.w_head_stride) * esz, p.w_dtype,
-            p.y + h * p.y_head_stride, p.y_stride, p.m, p.n, p.k},
-           s);
+  const int64_t ys = p.y_stride ? p.y_stride : p.heads * p.n, xs = p.x_stride ? p.x_stride : p.heads * p.k;
+  if (p.w_dtype == DType::F32) {  // f32 weights (tests, the router gate): one plain f32 GEMM per head
+    impl_->matmul(CUDA_R_32F, p.w, p.w_head_stride, p.x, xs, p.x_head_stride, p.y, ys, p.y_head_stride, p.m, p.n, p.k,
+                  p.heads, s);
+    return;
+  }
+  KILN_REQUIRE(p.w_dtype == DType::BF16, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));
+  // bf16 weights: every head's x split into hi and lo rows, one batched GEMM, the halves summed.
+  auto* xb = impl_->xbuf.get<__nv_bfloat16>(static_cast<size_t>(p.heads * 2 * p.m * p.k));
+  float* t = impl_->tbuf.get<float>(static_cast<size_t>(p.heads * 2 * p.m * p.n));
+  const dim3 split_grid(blocks_for(p.m * p.k, 256), static_cast<unsigned>(p.heads));
+  split_bf16_kernel<<<split_grid, 256, 0, s>>>(p.x, xs, p.x_head_stride, xb, p.m, p.k);
+  impl_->matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, 2 * p.m * p.k, t, p.n, 2 * p.m * p.n, 2 * p.m, p.n, p.k,
+                p.heads, s);
+  const dim3 sum_grid(blocks_for(p.m * p.n, 256), static_cast<unsigned>(p.heads));
+  sum_halves_kernel<<<sum_grid, 256, 0, s>>>(t, p.m, p.n, p.y, ys, p.y_head_stride);
 }
 
 void Gemm::linear(const LinearParams& p, cudaStream_t s) {
-  if (p.m == 0 || p.n == 0) return;
-  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, exact f32 x
-    launch_gemv({p.x, p.x_stride ? p.x_stride : p.k, 0, p.w, 0, p.w_dtype, p.y, p.y_stride ? p.y_stride : p.n, 0, 1,
-                 p.m, p.n, p.k},
-                s);
-    return;
-  }
-  int64_t ys = p.y_stride ? p.y_stride : p.n;
-  int64_t rows = p.m;  // GEMM rows: 2m when x is split
-  float* y = p.y;
-  const void* a = p.w;  // weights [n, k] row-major = column-major [k, n]: op(A) = Aᵀ gives [n, k]
-  cudaDataType_t ab_type = CUDA_R_16BF;
-  const void* b = nullptr;
-  int64_t ldb = p.k;
-  if (p.w_dtype == DType::BF16) {
-    auto* xbuf = impl_->xbuf.get<__nv_bfloat16>(static_cast<size_t>(2 * p.m * p.k));
-    split_bf16_kernel<<<blocks_for(p.m * p.k, 256), 256, 0, s>>>(p.x, p.x_stride ? p.x_stride : p.k, xbuf, p.m, p.k);
-    b = xbuf;
-    rows = 2 * p.m;
-    y = impl_->tbuf.get<float>(static_cast<size_t>(2 * p.m * p.n));
-    ys = p.n;
-  } else {
-    KILN_REQUIRE(p.w_dtype == DType::F32, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));
-    ab_type = CUDA_R_32F;  // f32 weights (tests, router): plain f32 GEMM
-    b = p.x;
-    ldb = p.x_stride ? p.x_stride : p.k;
-  }
-  cublasLtMatmulDesc_t op;
-  const cublasComputeType_t compute = ab_type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
-  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  cublasLtMatrixLayout_t la, lb, lc;
-  KILN_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&la, ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n), p.k));
-  KILN_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&lb, ab_type, static_cast<uint64_t>(p.k), static_cast<uint64_t>(rows), ldb));
-  KILN_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, static_cast<uint64_t>(p.n), static_cast<uint64_t>(rows), ys));
-  const auto key = std::make_tuple(rows, p.n, p.k, ldb * (ab_type == CUDA_R_32F ? -1 : 1), ys);
-  auto it = impl_->algos.find(key);
-  if (it == impl_->algos.end()) {
-    cublasLtMatmulPreference_t pref;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &impl_->workspace_size, sizeof(impl_->workspace_size)));
-    cublasLtMatmulHeuristicResult_t res{};
-    int found = 0;
-    KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(impl_->handle, op, la, lb, lc, lc, pref, 1, &res, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    KILN_REQUIRE(found > 0, "cuBLASLt has no algorithm for a " + std::to_string(rows) + "x" + std::to_string(p.n) +
-                                "x" + std::to_string(p.k) + " GEMM");
-    impl_->algos[key] = res.algo;
-    it = impl_->algos.find(key);
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  KILN_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, op, &alpha, a, la, b, lb, &beta, y, lc, y, lc, &it->second,
-                                   impl_->workspace, impl_->workspace_size, s));
-  if (y != p.y)
-    sum_halves_kernel<<<blocks_for(p.m * p.n, 256), 256, 0, s>>>(y, p.m, p.n, p.y, p.y_stride ? p.y_stride : p.n);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
+  linear_heads({p.x, p.x_stride ? p.x_stride : p.k, 0, p.w, 0, p.w_dtype, p.y, p.y_stride ? p.y_stride : p.n, 0, 1, p.m,
+                p.n, p.k},
+               s);
 }
 
 }  // namespace kiln::ops::cuda

@@ -1,6 +1,7 @@
 // Per-op GPU time for finding where a step goes (KILN_OP_PROFILE=1): every op the backend runs is
 // bracketed by CUDA events, and the totals per op (linears per shape) print when the backend is
-// destroyed, largest first. Events cannot sit in a captured graph, so profiling turns graphs off.
+// destroyed, largest first (each op's first call apart). Events cannot sit in a captured graph,
+// so profiling turns graphs off.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,7 +43,9 @@ class OpProfile {
 
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> free_;
-  std::map<std::string, std::pair<double, int64_t>> totals_;  // name -> (ms, calls)
+  std::map<std::string, std::pair<double, int64_t>> totals_;  // name -> (ms, calls), first calls left out
+  std::map<std::string, double> first_;                       // name -> ms of its first call
+  double first_total_ = 0;
 };
 
 }  // namespace kiln::ops::cuda

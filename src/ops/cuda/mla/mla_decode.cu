@@ -3,13 +3,14 @@
 // Each latent row (c_kv ‖ k_pe) is shared by every head, so a CTA takes a tile of 16 heads and
 // streams rows through shared memory once for all of them; head counts that are not a multiple of
 // 16 (1, 5, 12, 24, ...) mask the tail of the last tile. Long contexts split across CTAs
-// (split-KV); a second kernel merges the partial softmaxes by log-sum-exp. The grid depends only
-// on total_q, the head count and the GPU, never on context lengths (CUDA-graph capture).
+// (split-KV) and the partial softmaxes merge by log-sum-exp. The grid depends only on total_q,
+// the head count and the GPU, never on context lengths (CUDA-graph capture).
 //
 // Two kernels: bf16 pools of the DeepSeek-V3 shape (kv_lora 512, rope 64) run on tensor cores
-// (mla_decode_mma.cuh); f32 pools and other latent shapes (the small test models) run the CUDA-core
-// kernel below.
+// (mla_decode_mma.cuh) and merge their splits inside the same kernel; f32 pools and other latent
+// shapes (the small test models) run the CUDA-core kernel below and a second, merging kernel.
 #include <algorithm>
+#include <mutex>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-constexpr int kMaxCombineSplits = 256;  // >= kMaxSplits and kMaxMmaSplits
+constexpr int kMaxCombineSplits = kMaxSplits;
 
 // grid: (total_q, num_heads); merges the splits by log-sum-exp. Each split's weight exp(m - max)
 // is computed once, in parallel, into shared memory, and splits that saw no rows are skipped
@@ -179,7 +180,7 @@ int sm_count() {
   return n;
 }
 
-// Partial outputs of the splits; shared by both kernels (one stream, grow-only for graph capture).
+// Partial outputs of the splits; shared by both paths (one stream, grow-only for graph capture).
 GrowOnlyScratch& part_out_scratch() {
   static GrowOnlyScratch s;
   return s;
@@ -221,6 +222,33 @@ void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   if (splits > 1) combine(p, po, pm, splits, s);
 }
 
+// The tensor-core kernel's merge-tree counters. Every launch leaves them zero, so they are zeroed
+// only when allocated: on a private stream, waited for here, because the caller's stream may be
+// capturing a graph, where a memset would run only at replay (after eager launches had used the
+// counters). Grow-only like the scratch: a captured graph keeps the address it saw.
+int* merge_counters(size_t count) {
+  static std::mutex mu;
+  static int* ptr = nullptr;
+  static size_t have = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  if (count > have) {
+    // ctas * tree_width(splits) < 2 * (CTAs in one wave): 4096 covers any current GPU in one go.
+    const size_t n = std::max({count, 2 * have, size_t{4096}});
+    static cudaStream_t zero_stream = [] {
+      cudaStream_t st = nullptr;
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      return st;
+    }();
+    int* fresh = nullptr;  // the old block is retired, never freed
+    KILN_CUDA_CHECK(cudaMalloc(&fresh, n * sizeof(int)));
+    KILN_CUDA_CHECK(cudaMemsetAsync(fresh, 0, n * sizeof(int), zero_stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(zero_stream));
+    ptr = fresh;
+    have = n;
+  }
+  return ptr;
+}
+
 // How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs).
 template <int HT, int STAGES>
 int64_t mma_slots() {
@@ -242,17 +270,20 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
   const int64_t head_groups = (head_tiles + HT - 1) / HT, ctas = total_q * head_groups;
   // Splits fill at most one wave: a second, partial wave would cost as much as a full one.
   const int splits = static_cast<int>(std::clamp<int64_t>(mma_slots<HT, STAGES>() / ctas, 1, kMaxMmaSplits));
-  float* po = splits == 1
-                  ? p.out
-                  : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));
-  float* pm = part_ml_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * 2));
+  float *po = nullptr, *pm = nullptr;
+  int* counters = nullptr;
+  if (splits > 1) {  // one split writes p.out directly
+    const auto slots = static_cast<size_t>(splits * total_q * p.num_heads);
+    po = part_out_scratch().get<float>(slots * static_cast<size_t>(p.kv_lora));
+    pm = part_ml_scratch().get<float>(slots * 2);
+    counters = merge_counters(static_cast<size_t>(ctas * mma_decode::tree_width(splits)));
+  }
   const int64_t blocks = ctas * splits;
   KILN_REQUIRE(blocks < (int64_t{1} << 31), "mla_absorbed: too many query rows for one launch");
-  mma_decode::mla_decode_mma_kernel<HT, STAGES>
-      <<<static_cast<unsigned>(blocks), HT * mma_decode::kWarpsPerTile * 32, mma_decode::smem_bytes<HT, STAGES>(), s>>>(
-          p, splits, static_cast<int>(head_groups), po, pm);
+  launch_pdl(mma_decode::mla_decode_mma_kernel<HT, STAGES>, dim3(static_cast<unsigned>(blocks)),
+             dim3(HT * mma_decode::kWarpsPerTile * 32), mma_decode::smem_bytes<HT, STAGES>(), s, p, splits,
+             static_cast<int>(head_groups), po, pm, counters);
   KILN_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1) combine(p, po, pm, splits, s);
 }
 
 }  // namespace

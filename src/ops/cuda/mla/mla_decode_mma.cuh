@@ -17,13 +17,17 @@
 //   O += P·V  V is the first 512 columns of the same smem rows (no second read); each warp owns
 //             128 output columns (16 n-tiles: 64 f32 accumulators per thread).
 // Splits: CTAs over (query, split, head group) fill the GPU once; a split covers a 32-row-aligned
-// chunk of the context, computed in the kernel, so the launch never depends on context lengths.
+// chunk of the context of at least kMinSplitRows rows, computed in the kernel from kv_len, so the
+// launch never depends on context lengths and a short context occupies only a few splits (the rest
+// exit at once). The splits that saw rows merge in the same kernel, up a binary tree over split
+// indices (see the end of the kernel): no second launch, and no scan of empty splits.
 #pragma once
 
 #include <cstdint>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace kiln::ops::cuda {
 namespace mma_decode {
@@ -38,11 +42,25 @@ constexpr int kWarpCols = kLora / kWarpsPerTile;            // 128 output column
 constexpr int kChunks = kRow * 2 / 16;                      // 72 16-byte chunks per row
 constexpr int kSStride = kTileRows + 8;                     // floats per row of the S exchange (no conflicts)
 constexpr int kSBytes = kWarpsPerTile * 16 * kSStride * 4;  // one head tile's S exchange
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+// Fewest context rows a split takes: two KV tiles. One CTA streams its tiles latency-bound (one
+// or two in flight), ~1 us a tile, and each halving of the split count saves one level of the merge
+// tree (a 32-64 KB partial stored, fenced, counted, read back: ~1-1.5 us; estimates for H200, not
+// measured). Doubling a split's rows therefore pays from one tile to two (+1 us, -1.3 us) but not
+// from two to four (+2 us). A 150-row context then takes 3 splits and a 2-level merge. Contexts
+// longer than kMinSplitRows * splits keep their chunk, visible / splits, as before.
+constexpr int kMinSplitRows = 2 * kTileRows;
 
 template <int HT, int STAGES>
 constexpr size_t smem_bytes() {
   return static_cast<size_t>(STAGES * kStageBytes + HT * kSBytes);
+}
+// Counters per (query row, head group) of the merge tree: a heap of the internal nodes over splits
+// rounded up to a power of two (index 0 unused).
+__host__ __device__ constexpr int tree_width(int splits) {
+  int w = 1;
+  while (w < splits) w *= 2;
+  return w;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -75,16 +93,21 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 }
 
 // grid.x = total_q * splits * head_groups, head group fastest: the CTAs that read the same KV rows
-// run side by side and meet in L2. Writes normalised outputs when splits == 1, else unnormalised
-// partials [splits, total_q, heads, 512] and (max, sum) [splits, total_q, heads, 2] (natural log).
+// run side by side and meet in L2. The root of each merge tree writes normalised outputs to p.out;
+// part_out [splits, total_q, heads, 512], part_ml [splits, total_q, heads, 2] (max in log2 units,
+// sum) and counters [total_q * head_groups, tree_width(splits)] serve the merge and are unused (may
+// be null) when splits == 1. The counters are zero before a launch and left zero after it.
 template <int HT, int STAGES>
 __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
-    mla_decode_mma_kernel(MlaAbsorbedParams p, int splits, int head_groups, float* part_out, float* part_ml) {
+    mla_decode_mma_kernel(MlaAbsorbedParams p, int splits, int head_groups, float* part_out, float* part_ml,
+                          int* counters) {
   constexpr int kThreads = HT * kWarpsPerTile * 32;
   constexpr int kTpr = kThreads / kTileRows;  // loader threads per KV row
   extern __shared__ __align__(16) unsigned char smem[];
   float* sx_all = reinterpret_cast<float*>(smem + STAGES * kStageBytes);
 
+  pdl_wait();  // PDL: the new token's latent row comes from the kernel before
+  pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ht = warp / kWarpsPerTile, wq = warp % kWarpsPerTile;
   const int g = lane >> 2, q4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -99,9 +122,37 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   const int64_t q_len = p.cu_q[b + 1] - p.cu_q[b], kv_len = p.kv.kv_lens[b];
   // Causal suffix: query i of q_len sees kv_len - q_len + i + 1 rows; kv_len 0 (padding) sees none.
   const int64_t visible = kv_len > 0 ? max(int64_t{0}, kv_len - q_len + (qi - p.cu_q[b]) + 1) : 0;
-  const int64_t chunk = ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows;
+  const int64_t chunk =
+      max(int64_t{kMinSplitRows}, ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows);
+  // Splits with rows: 1..splits (chunk >= visible / splits). A padding row keeps split 0, to write its zeros.
+  const int used = visible > 0 ? static_cast<int>((visible + chunk - 1) / chunk) : 1;
+  if (split >= used) return;
   const int64_t j0 = split * chunk, j1 = min(visible, j0 + chunk);
   const int ntiles = j1 > j0 ? static_cast<int>((j1 - j0 + kTileRows - 1) / kTileRows) : 0;
+
+  // Loader: thread -> one row of the tile, chunks lr, lr + kTpr, ... (one block-table lookup a tile).
+  const int lrow = tid / kTpr, lr = tid % kTpr;
+  const __nv_bfloat16* pool = static_cast<const __nv_bfloat16*>(p.kv.pool);
+  const int32_t* table = p.kv.block_table + b * p.kv.max_blocks;
+  auto issue = [&](int t) {
+    const int64_t j = j0 + static_cast<int64_t>(t) * kTileRows + lrow;
+    const __nv_bfloat16* src = pool;  // any valid address when zero-filling
+    int bytes = 0;
+    if (j < j1) {
+      const int64_t slot = static_cast<int64_t>(table[j / p.kv.block_size]) * p.kv.block_size + j % p.kv.block_size;
+      src = pool + slot * kRow;
+      bytes = 16;
+    }
+    const uint32_t dst = smem_u32(smem + (t % STAGES) * kStageBytes + lrow * kRowStride);
+#pragma unroll
+    for (int c = lr; c < kChunks; c += kTpr) cp_async16(dst + c * 16, src + c * 8, bytes);
+  };
+  // The first tiles are requested before q is read, so the two latencies overlap.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) issue(s);
+    cp_async_commit();
+  }
 
   // Q fragments of this warp's 144 dims, f32 -> bf16 once (padding heads are zeros).
   uint32_t qf[kKSteps][4];
@@ -124,24 +175,6 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
     }
   }
 
-  // Loader: thread -> one row of the tile, chunks lr, lr + kTpr, ... (one block-table lookup a tile).
-  const int lrow = tid / kTpr, lr = tid % kTpr;
-  const __nv_bfloat16* pool = static_cast<const __nv_bfloat16*>(p.kv.pool);
-  const int32_t* table = p.kv.block_table + b * p.kv.max_blocks;
-  auto issue = [&](int t) {
-    const int64_t j = j0 + static_cast<int64_t>(t) * kTileRows + lrow;
-    const __nv_bfloat16* src = pool;  // any valid address when zero-filling
-    int bytes = 0;
-    if (j < j1) {
-      const int64_t slot = static_cast<int64_t>(table[j / p.kv.block_size]) * p.kv.block_size + j % p.kv.block_size;
-      src = pool + slot * kRow;
-      bytes = 16;
-    }
-    const uint32_t dst = smem_u32(smem + (t % STAGES) * kStageBytes + lrow * kRowStride);
-#pragma unroll
-    for (int c = lr; c < kChunks; c += kTpr) cp_async16(dst + c * 16, src + c * 8, bytes);
-  };
-
   float o[kWarpCols / 8][4];
 #pragma unroll
   for (int j = 0; j < kWarpCols / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -149,11 +182,6 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   const float sl2 = p.scale * kLog2e;
   float* sx = sx_all + ht * (kSBytes / 4);
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntiles) issue(s);
-    cp_async_commit();
-  }
   for (int t = 0; t < ntiles; ++t) {
     cp_async_wait<STAGES - 2>();                         // this thread's chunks of tile t have landed
     __syncthreads();                                     // everyone's have, and everyone is done with tile t - 1
@@ -254,21 +282,78 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   }
   cp_async_wait<0>();  // nothing may land in shared memory after the CTA exits
 
-  if (!active) return;
-  const int64_t total_q = p.total_q, slot = static_cast<int64_t>(split) * total_q + qi;
+  // Merge up a binary tree whose leaves are the splits with rows, in split order: node n of level
+  // k covers splits [n << k, (n + 1) << k) and is always combined as left ⊕ right, whichever CTA
+  // gets there last, so the result does not depend on timing. Of two siblings the first to finish
+  // stores its node in the slot of its first split and leaves; the second (told by the parent's
+  // counter, which it resets for the next launch) reads it back and carries the parent. A left node
+  // without a right sibling moves up as it is. The CTA that carries the root writes the output.
+  // Own partials stay in registers: a thread stores and reads the same fragment positions.
+  int64_t node = split;
+  for (int level = 0; (used - 1) >> level; ++level, node >>= 1) {
+    const bool left = (node & 1) == 0;
+    const int64_t sib = node ^ 1;
+    if (left && (sib << level) >= used) continue;
+    __syncthreads();  // the (max, sum) of this slot may still be being read, by other warps, a level down
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t h = h0 + g + 8 * r;
+      if (!active || h >= H) continue;
+      const int64_t at = ((node << level) * p.total_q + qi) * H + h;
+      float* dst = part_out + at * kLora + wq * kWarpCols;
+#pragma unroll
+      for (int j = 0; j < kWarpCols / 8; ++j)
+        __stcg(reinterpret_cast<float2*>(dst + 8 * j + 2 * q4), make_float2(o[j][2 * r], o[j][2 * r + 1]));
+      if (wq == 0 && q4 == 0) __stcg(reinterpret_cast<float2*>(part_ml + at * 2), make_float2(m_run[r], l_run[r]));
+    }
+    __threadfence();  // this node is visible GPU-wide before the counter says so
+    __syncthreads();
+    int second = 0;
+    if (tid == 0) {
+      const int tw = tree_width(splits);
+      int* c = counters + (qi * head_groups + hg) * tw + (tw >> (level + 1)) + (node >> 1);
+      second = atomicAdd(c, 1);
+      if (second) {
+        *c = 0;
+        __threadfence();  // the sibling's stores, published before its increment, are read after ours
+      }
+    }
+    if (!__syncthreads_or(second)) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t h = h0 + g + 8 * r;
+      if (!active || h >= H) continue;
+      // L2 loads (.cg): another CTA wrote the data in this kernel, and L1 may hold an older copy.
+      const int64_t at = ((sib << level) * p.total_q + qi) * H + h;
+      const float* src = part_out + at * kLora + wq * kWarpCols;
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_ml + at * 2));
+      const float ml_l = left ? m_run[r] : ml.x, ml_r = left ? ml.x : m_run[r];
+      const float m_new = fmaxf(ml_l, ml_r);  // finite: every node saw rows
+      const float wl = exp2f(ml_l - m_new), wr = exp2f(ml_r - m_new);
+      // Explicit roundings: the same operations whichever side sits in registers (no contraction).
+      l_run[r] = __fmaf_rn(left ? l_run[r] : ml.y, wl, __fmul_rn(left ? ml.y : l_run[r], wr));
+      m_run[r] = m_new;
+#pragma unroll
+      for (int j = 0; j < kWarpCols / 8; ++j) {
+        const float2 x = __ldcg(reinterpret_cast<const float2*>(src + 8 * j + 2 * q4));
+        float& a = o[j][2 * r];
+        float& c = o[j][2 * r + 1];
+        a = left ? __fmaf_rn(a, wl, __fmul_rn(x.x, wr)) : __fmaf_rn(x.x, wl, __fmul_rn(a, wr));
+        c = left ? __fmaf_rn(c, wl, __fmul_rn(x.y, wr)) : __fmaf_rn(x.y, wl, __fmul_rn(c, wr));
+      }
+    }
+  }
+
+  // The root (or the only split): normalise. l is 0 only for a row with no visible rows.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t h = h0 + g + 8 * r;
-    if (h >= H) continue;
-    const float inv = splits == 1 ? (l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f) : 1.0f;
-    float* dst = (splits == 1 ? p.out + (qi * H + h) * kLora : part_out + (slot * H + h) * kLora) + wq * kWarpCols;
+    if (!active || h >= H) continue;
+    const float inv = l_run[r] > 0.0f ? 1.0f / l_run[r] : 0.0f;
+    float* dst = p.out + (qi * H + h) * kLora + wq * kWarpCols;
 #pragma unroll
     for (int j = 0; j < kWarpCols / 8; ++j)
       *reinterpret_cast<float2*>(dst + 8 * j + 2 * q4) = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    if (splits > 1 && wq == 0 && q4 == 0) {
-      part_ml[(slot * H + h) * 2] = m_run[r] * kLn2;  // -inf stays -inf: the combine skips empty splits
-      part_ml[(slot * H + h) * 2 + 1] = l_run[r];
-    }
   }
 }
 

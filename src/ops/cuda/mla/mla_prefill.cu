@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_kernel(MlaExpandedParams
   }
   for (int64_t i = tid; i < kQ * qk; i += kThreads) {
     const int64_t r = i / qk, d = i % qk;
-    q_s[r * qpad + d] = r < nq ? p.q[((q0 + r) * p.num_heads + h) * qk + d] : 0.0f;
+    q_s[r * qpad + d] = r < nq ? p.q[(q0 + r) * p.q_stride + h * qk + d] : 0.0f;
   }
   __syncthreads();
   int64_t klo = INT64_MAX, khi = 0;
@@ -280,13 +280,13 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(MlaExpandedParams p) {
   issue_tile(0);
   // Q tile -> bf16 in shared memory (rows past the sequence are zero), then into registers.
   {
-    const float* q_base = p.q + ((q0 + i0) * H + h) * kQk;
+    const float* q_base = p.q + (q0 + i0) * p.q_stride + h * kQk;
     constexpr int kChunks = kQk / 4;
 #pragma unroll 4
     for (int c = tid; c < kBM * kChunks; c += kThreads) {
       const int r = c / kChunks, col = c % kChunks;
       float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < rows) x = __ldg(reinterpret_cast<const float4*>(q_base + r * H * kQk) + col);
+      if (r < rows) x = __ldg(reinterpret_cast<const float4*>(q_base + r * p.q_stride) + col);
       store_bf16x4(q_s + r * kQkPad + col * 4, x);
     }
   }
@@ -429,15 +429,18 @@ bool aligned16(const void* ptr) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
 
-// qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator) take the tensor cores.
+// qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator) and q rows take the
+// tensor cores.
 bool uses_mma(const MlaExpandedParams& p) {
-  return p.qk_dim == mma_flash::kQk && p.v_dim == mma_flash::kV && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) &&
-         aligned16(p.out);
+  return p.qk_dim == mma_flash::kQk && p.v_dim == mma_flash::kV && aligned16(p.q) && p.q_stride % 4 == 0 &&
+         aligned16(p.k) && aligned16(p.v) && aligned16(p.out);
 }
 
 }  // namespace
 
-void mla_expanded(const MlaExpandedParams& p, cudaStream_t s) {
+void mla_expanded(const MlaExpandedParams& params, cudaStream_t s) {
+  MlaExpandedParams p = params;
+  if (p.q_stride == 0) p.q_stride = p.num_heads * p.qk_dim;  // the kernels read explicit rows
   const int64_t total_q = p.total_q;
   if (total_q == 0 || p.num_heads == 0) return;
   if (uses_mma(p)) {

@@ -5,6 +5,7 @@
 // memory took ~80 us per layer.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace kiln::ops::cuda {
 namespace {
@@ -12,7 +13,9 @@ namespace {
 constexpr int kMaxExperts = 512;
 constexpr int kMaxGroups = 64;
 constexpr int kMaxTopK = 16;
-constexpr int kWarps = 4;  // tokens per CTA
+constexpr int kWarps = 4;                // tokens per CTA (routing), warps per expert (gate)
+constexpr int kFusedGateTokens = 8;      // up to here the gate projection runs inside the routing launch
+constexpr int kChunkedGateTokens = 256;  // up to here per-expert CTAs over 8-token chunks, then a tiled GEMM
 
 // The better of two (value, index) candidates: higher value, lower index on ties.
 __device__ __forceinline__ void warp_best(float& v, int& i) {
@@ -23,46 +26,44 @@ __device__ __forceinline__ void warp_best(float& v, int& i) {
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32) router_kernel(RouterParams p) {
-  __shared__ float choice_s[kWarps][kMaxExperts];
-  __shared__ float gscore_s[kWarps][kMaxGroups];
-  __shared__ int ids_s[kWarps][kMaxTopK];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (t >= p.num_tokens) return;
+// Routes token t from its logits row (shared or global memory) with one warp; every lane returns
+// and lane 0 writes the token's ids and weights. choice [E], gscore [G], ids [top_k] are the
+// warp's own shared scratch.
+__device__ void route_token(const RouterParams& p, const float* logits, int64_t t, int lane, float* choice,
+                            float* gscore, int* ids) {
   const int E = static_cast<int>(p.num_experts), G = static_cast<int>(p.n_group), per = E / G;
-  const float* logits = p.logits + t * E;
-  float* choice = choice_s[warp];
-  float* gscore = gscore_s[warp];
   for (int e = lane; e < E; e += 32) choice[e] = 1.0f / (1.0f + expf(-logits[e])) + p.bias[e];
   __syncwarp();
-  for (int g = lane; g < G; g += 32) {  // each group's top-2 sum, in the reference's order
-    float b1 = -INFINITY, b2 = -INFINITY;
-    for (int e = g * per; e < (g + 1) * per; ++e) {
-      const float v = choice[e];
-      if (v > b1) {
-        b2 = b1;
-        b1 = v;
-      } else if (v > b2) {
-        b2 = v;
+  // With topk_group >= n_group every group is kept (Moonlight: one group): nothing to drop.
+  if (p.topk_group < G) {
+    for (int g = lane; g < G; g += 32) {  // each group's top-2 sum, in the reference's order
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = choice[e];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
       }
+      gscore[g] = per >= 2 ? b1 + b2 : b1;
     }
-    gscore[g] = per >= 2 ? b1 + b2 : b1;
+    __syncwarp();
+    // Keep the topk_group best groups; experts of the others drop to 0.0, as in the reference.
+    uint64_t kept = 0;
+    for (int64_t k = 0; k < p.topk_group; ++k) {
+      float v = -INFINITY;
+      int i = -1;
+      for (int g = lane; g < G; g += 32)
+        if (!((kept >> g) & 1) && (i < 0 || gscore[g] > v)) v = gscore[g], i = g;
+      warp_best(v, i);
+      kept |= uint64_t{1} << i;
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!((kept >> (e / per)) & 1)) choice[e] = 0.0f;
+    __syncwarp();
   }
-  __syncwarp();
-  // Keep the topk_group best groups; mark kept ones by moving their score to -inf afterwards.
-  uint64_t kept = 0;
-  for (int64_t k = 0; k < p.topk_group; ++k) {
-    float v = -INFINITY;
-    int i = -1;
-    for (int g = lane; g < G; g += 32)
-      if (!((kept >> g) & 1) && (i < 0 || gscore[g] > v)) v = gscore[g], i = g;
-    warp_best(v, i);
-    kept |= uint64_t{1} << i;
-  }
-  for (int e = lane; e < E; e += 32)
-    if (!((kept >> (e / per)) & 1)) choice[e] = 0.0f;
-  __syncwarp();
   for (int64_t j = 0; j < p.top_k; ++j) {
     float v = -INFINITY;
     int i = -1;
@@ -70,20 +71,156 @@ __global__ void __launch_bounds__(kWarps * 32) router_kernel(RouterParams p) {
       if (i < 0 || choice[e] > v) v = choice[e], i = e;
     warp_best(v, i);
     if (lane == 0) {
-      ids_s[warp][j] = i;
+      ids[j] = i;
       choice[i] = -INFINITY;  // taken
     }
     __syncwarp();
   }
   if (lane != 0) return;
   float denom = 0.0f;  // in the reference's order
-  for (int64_t j = 0; j < p.top_k; ++j) denom += 1.0f / (1.0f + expf(-logits[ids_s[warp][j]]));
+  for (int64_t j = 0; j < p.top_k; ++j) denom += 1.0f / (1.0f + expf(-logits[ids[j]]));
   for (int64_t j = 0; j < p.top_k; ++j) {
-    float w = 1.0f / (1.0f + expf(-logits[ids_s[warp][j]]));
+    float w = 1.0f / (1.0f + expf(-logits[ids[j]]));
     if (p.norm_topk_prob) w /= (denom + 1e-20f);
-    p.topk_ids[t * p.top_k + j] = ids_s[warp][j];
+    p.topk_ids[t * p.top_k + j] = ids[j];
     p.topk_weights[t * p.top_k + j] = w * p.routed_scaling_factor;
   }
+}
+
+__global__ void __launch_bounds__(kWarps * 32) router_kernel(RouterParams p) {
+  __shared__ float choice_s[kWarps][kMaxExperts];
+  __shared__ float gscore_s[kWarps][kMaxGroups];
+  __shared__ int ids_s[kWarps][kMaxTopK];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  pdl_wait();
+  pdl_trigger();
+  if (t >= p.num_tokens) return;
+  route_token(p, p.logits + t * p.num_experts, t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+}
+
+// Tickets of the fused gate + route kernel: the CTA that draws the last one routes, then puts the
+// count back to 0 for the next launch (or graph replay). One per device: the backend issues every
+// op on one stream, so two launches never overlap.
+__device__ unsigned int g_gate_tickets = 0;
+
+// Gate logits of expert e = blockIdx.x for the T tokens of chunk blockIdx.y (f32 weights and
+// activations, lanes over H, then a block sum). kRoute (one chunk: decode): the last CTA to finish
+// also routes every token from those logits, so a decode layer routes in one launch; before, a
+// cuBLASLt f32 GEMM and the routing kernel took ~19 us.
+template <int T, bool kRoute>
+__global__ void __launch_bounds__(kWarps * 32) gate_route_kernel(RouterParams p) {
+  __shared__ float part_s[kWarps][T];
+  __shared__ float logit_s[kWarps][kMaxExperts];
+  __shared__ float choice_s[kWarps][kMaxExperts];
+  __shared__ float gscore_s[kWarps][kMaxGroups];
+  __shared__ int ids_s[kWarps][kMaxTopK];
+  __shared__ bool last_s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t e = blockIdx.x, E = p.num_experts, H = p.hidden;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * T;
+  const int tokens = static_cast<int>(min(static_cast<int64_t>(T), p.num_tokens - t0));
+  const float* x = p.x + t0 * H;
+  const float* w = p.gate_weight + e * H;
+  if (threadIdx.x == 0 && H % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0)
+    prefetch_l2(w, static_cast<uint32_t>(H * 4));  // the gate row is constant: fetch it early
+  pdl_wait();
+  pdl_trigger();
+  float acc[T];
+#pragma unroll
+  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
+  if (H % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < H / 4; i += kWarps * 32) {
+      const float4 a = __ldcs(w4 + i);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        if (t >= tokens) break;
+        const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * H) + i);
+        acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < H; i += kWarps * 32)
+#pragma unroll
+      for (int t = 0; t < T; ++t)
+        if (t < tokens) acc[t] += w[i] * x[t * H + i];
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) part_s[warp][t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < tokens) {
+    float v = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) v += part_s[k][threadIdx.x];
+    p.gate_logits[(t0 + threadIdx.x) * E + e] = v;
+  }
+  if (!kRoute) return;
+  __threadfence();  // this CTA's logits are visible device-wide before its ticket is
+  __syncthreads();
+  if (threadIdx.x == 0) last_s = atomicAdd(&g_gate_tickets, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_s) return;
+  if (threadIdx.x == 0) g_gate_tickets = 0;
+  __threadfence();
+  for (int t = warp; t < tokens; t += kWarps) {
+    for (int64_t k = lane; k < E; k += 32) logit_s[warp][k] = __ldcg(p.gate_logits + t * E + k);  // L2: other CTAs
+    __syncwarp();
+    route_token(p, logit_s[warp], t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+    __syncwarp();
+  }
+}
+
+// Prefill-sized gate projection, logits [T, E] = x [T, H] · W [E, H]ᵀ in f32: a SIMT tiled GEMM,
+// 32 tokens x 32 experts per CTA, 2 x 2 per thread, k in steps of 64 (each thread's loads of a step
+// issued together). cuBLASLt's f32 GEMM took 1.6 ms for 8k tokens x 64 experts (a narrow N).
+constexpr int kGateTile = 32, kGateK = 64;
+__global__ void __launch_bounds__(256)
+    gate_gemm_kernel(const float* x, const float* w, float* logits, int64_t T, int64_t E, int64_t H) {
+  __shared__ float xs[kGateK][kGateTile + 1], ws[kGateK][kGateTile + 1];  // k-major; +1: conflict-free stores
+  constexpr int kPerThread = kGateTile * kGateK / 256;
+  pdl_wait();
+  pdl_trigger();
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kGateTile, e0 = static_cast<int64_t>(blockIdx.y) * kGateTile;
+  float acc[2][2] = {};
+  for (int64_t k0 = 0; k0 < H; k0 += kGateK) {
+    float xv[kPerThread], wv[kPerThread];
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {  // consecutive threads read consecutive k of one row
+      const int i = threadIdx.x + u * 256, r = i / kGateK, c = i % kGateK;
+      const int64_t k = k0 + c;
+      xv[u] = t0 + r < T && k < H ? x[(t0 + r) * H + k] : 0.0f;
+      wv[u] = e0 + r < E && k < H ? w[(e0 + r) * H + k] : 0.0f;
+    }
+    __syncthreads();  // the previous step's tiles are no longer read
+#pragma unroll
+    for (int u = 0; u < kPerThread; ++u) {
+      const int i = threadIdx.x + u * 256, r = i / kGateK, c = i % kGateK;
+      xs[c][r] = xv[u];
+      ws[c][r] = wv[u];
+    }
+    __syncthreads();
+#pragma unroll 16
+    for (int c = 0; c < kGateK; ++c) {
+      const float a0 = xs[c][2 * ty], a1 = xs[c][2 * ty + 1], b0 = ws[c][2 * tx], b1 = ws[c][2 * tx + 1];
+      acc[0][0] += a0 * b0;
+      acc[0][1] += a0 * b1;
+      acc[1][0] += a1 * b0;
+      acc[1][1] += a1 * b1;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t t = t0 + 2 * ty + i, e = e0 + 2 * tx + j;
+      if (t < T && e < E) logits[t * E + e] = acc[i][j];
+    }
 }
 
 }  // namespace
@@ -92,7 +229,31 @@ void router(const RouterParams& p, cudaStream_t s) {
   KILN_REQUIRE(p.num_experts <= kMaxExperts && p.n_group <= kMaxGroups && p.top_k <= kMaxTopK,
                "router: " + std::to_string(p.num_experts) + " experts / " + std::to_string(p.n_group) +
                    " groups / top-" + std::to_string(p.top_k) + " exceed the kernel limits (512 / 64 / 16)");
-  if (p.num_tokens) router_kernel<<<blocks_for(p.num_tokens, kWarps), kWarps * 32, 0, s>>>(p);
+  if (p.num_tokens == 0) return;
+  KILN_REQUIRE(!p.x || (p.gate_weight && p.gate_logits && p.hidden > 0),
+               "router: a fused gate needs its weight, output and width");
+  if (p.x && p.num_tokens <= kFusedGateTokens) {
+    const dim3 grid(static_cast<unsigned>(p.num_experts));
+    auto* kernel = p.num_tokens == 1   ? gate_route_kernel<1, true>
+                   : p.num_tokens == 2 ? gate_route_kernel<2, true>
+                   : p.num_tokens <= 4 ? gate_route_kernel<4, true>
+                                       : gate_route_kernel<kFusedGateTokens, true>;
+    launch_pdl(kernel, grid, dim3(kWarps * 32), 0, s, p);
+  } else {
+    RouterParams q = p;
+    if (p.x) {
+      if (p.num_tokens <= kChunkedGateTokens) {  // decode batches: weight rows from L2, tokens in chunks of 8
+        const dim3 grid(static_cast<unsigned>(p.num_experts), blocks_for(p.num_tokens, kFusedGateTokens));
+        launch_pdl(gate_route_kernel<kFusedGateTokens, false>, grid, dim3(kWarps * 32), 0, s, p);
+      } else {  // prefill-sized: a tiled GEMM
+        const dim3 grid(blocks_for(p.num_tokens, kGateTile), blocks_for(p.num_experts, kGateTile));
+        launch_pdl(gate_gemm_kernel, grid, dim3(256), 0, s, p.x, p.gate_weight, p.gate_logits, p.num_tokens,
+                   p.num_experts, p.hidden);
+      }
+      q.logits = p.gate_logits;
+    }
+    launch_pdl(router_kernel, dim3(blocks_for(p.num_tokens, kWarps)), dim3(kWarps * 32), 0, s, q);
+  }
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,0 +1,278 @@
+// Decode-sized MoE (<= gemv_max_tokens() tokens): the chosen experts and the shared experts in two
+// launches that stream the weights at copy bandwidth. A decode step is bound by reading them
+// (Moonlight: 6 routed + 2 shared experts = 138 MB per layer), and at one token the cost was
+// launch count and load latency, not FLOPs: 8 launches per layer (slot GEMV, SwiGLU, slot GEMV,
+// combine, then the shared MLP's GEMV, SwiGLU, GEMV, add) ran at ~2 TB/s.
+//  1. gate/up: one warp per activation j of a (slot, expert) or of the shared MLP, reading the
+//     gate and up rows together and applying SwiGLU itself; shared rows serve all tokens at once.
+//  2. down + combine: one warp per output (token, h) sums w_j · (Wd[e_j][h] · act_j) over its
+//     slots and the shared row, so nothing is written per slot and no combine pass follows. The
+//     next segment's weights load while the current one is reduced.
+// Activations stay f32 and weights bf16 with f32 accumulation (the precision of the other paths);
+// sums run in a fixed order, so results do not depend on timing.
+#include <algorithm>
+#include <cstdlib>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/moe/moe_internal.cuh"
+#include "ops/cuda/pdl.cuh"
+
+namespace kiln::ops::cuda::moe_detail {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kDownChunk = 8;  // per lane and pass: 8 down 16-byte loads in flight (2048 columns)
+
+struct DecodeArgs {
+  const float* x;  // [T, H]
+  int64_t T, H;
+  const int32_t* ids;  // [T, k]
+  const float* wts;    // [T, k]
+  int64_t k, E, I;
+  const __nv_bfloat16* w_gate_up;  // [E, 2I, H]
+  const __nv_bfloat16* w_down;     // [E, H, I]
+  const __nv_bfloat16* s_gate_up;  // [2S, H] (S = 0: no shared experts)
+  const __nv_bfloat16* s_down;     // [H, S]
+  int64_t S;
+  float* act;  // [T * k, I] routed activations, then [T, S] shared
+  float* out;  // [T, H]
+};
+
+__device__ __forceinline__ void fma8(const uint4& w, const float* x, float& acc) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(x) + 1);
+  float2 f = __bfloat1622float2(h[0]);
+  acc += f.x * a.x + f.y * a.y;
+  f = __bfloat1622float2(h[1]);
+  acc += f.x * a.z + f.y * a.w;
+  f = __bfloat1622float2(h[2]);
+  acc += f.x * b.x + f.y * b.y;
+  f = __bfloat1622float2(h[3]);
+  acc += f.x * b.z + f.y * b.w;
+}
+
+// Lane-partial dots of gate row g and up row u with `tokens` (<= NT) rows of x, H apart.
+template <int CHUNK, int NT>
+__device__ __forceinline__ void pair_dots(const __nv_bfloat16* g, const __nv_bfloat16* u, const float* x, int64_t H,
+                                          int tokens, bool vec, int lane, float (&ag)[NT], float (&au)[NT]) {
+  if (vec) {
+    const uint4* g4 = reinterpret_cast<const uint4*>(g);
+    const uint4* u4 = reinterpret_cast<const uint4*>(u);
+    const int64_t n8 = H / 8;
+    for (int64_t base = 0; base < n8; base += 32 * CHUNK) {
+      uint4 vg[CHUNK], vu[CHUNK];
+#pragma unroll
+      for (int c = 0; c < CHUNK; ++c) {
+        const int64_t i = base + c * 32 + lane;
+        if (i < n8) vg[c] = __ldcs(g4 + i), vu[c] = __ldcs(u4 + i);
+      }
+#pragma unroll
+      for (int c = 0; c < CHUNK; ++c) {
+        const int64_t i = base + c * 32 + lane;
+        if (i >= n8) break;
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t >= tokens) break;
+          fma8(vg[c], x + t * H + i * 8, ag[t]);
+          fma8(vu[c], x + t * H + i * 8, au[t]);
+        }
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < H; i += 32) {
+      const float gv = __bfloat162float(g[i]), uv = __bfloat162float(u[i]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (t < tokens) ag[t] += gv * x[t * H + i], au[t] += uv * x[t * H + i];
+    }
+  }
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  return g / (1.0f + __expf(-g)) * u;  // as the swiglu op
+}
+
+// Tokens per shared-expert task: a warp applies one pair of shared rows to up to this many tokens.
+constexpr int kSharedTokens = 4;
+
+// grid: ceil((T·k·I + S·G) / kWarps) CTAs, G = ceil(T / kSharedTokens). Warp w < T·k·I is routed
+// (j = w / slots, slot = w % slots), the rest shared (j, token group). Warps next to each other
+// share j, so slots that chose the same expert read the same row at about the same time: the
+// second read hits L2, and a batch pays DRAM for the distinct experts, not for every slot.
+template <int CHUNK>  // 16-byte gate loads per lane and pass (as many up loads with them)
+__global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(DecodeArgs a, bool vec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + kSharedTokens - 1) / kSharedTokens;
+  // The shared rows are constant: start them towards L2 while the router finishes. Routed rows
+  // depend on its choice, so they wait.
+  if (vec && lane == 0 && w >= routed && w < routed + a.S * groups && (w - routed) % groups == 0) {
+    const int64_t j = (w - routed) / groups;
+    prefetch_l2(a.s_gate_up + j * a.H, static_cast<uint32_t>(a.H * 2));
+    prefetch_l2(a.s_gate_up + (a.S + j) * a.H, static_cast<uint32_t>(a.H * 2));
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (w < routed) {
+    const int64_t slot = w % slots, j = w / slots;
+    const int32_t e = a.ids[slot];
+    float g[1] = {0.0f}, u[1] = {0.0f};
+    if (e >= 0 && e < a.E) {  // an out-of-range id is a dropped slot: activation 0
+      const __nv_bfloat16* row = a.w_gate_up + (static_cast<int64_t>(e) * 2 * a.I + j) * a.H;
+      pair_dots<CHUNK, 1>(row, row + a.I * a.H, a.x + (slot / a.k) * a.H, a.H, 1, vec, lane, g, u);
+    }
+    g[0] = warp_sum(g[0]);
+    u[0] = warp_sum(u[0]);
+    if (lane == 0) a.act[slot * a.I + j] = silu_mul(g[0], u[0]);
+  } else if (w < routed + a.S * groups) {
+    const int64_t j = (w - routed) / groups, t0 = (w - routed) % groups * kSharedTokens;
+    const int tokens = static_cast<int>(min(static_cast<int64_t>(kSharedTokens), a.T - t0));
+    float g[kSharedTokens] = {}, u[kSharedTokens] = {};
+    const __nv_bfloat16* row = a.s_gate_up + j * a.H;
+    pair_dots<CHUNK, kSharedTokens>(row, row + a.S * a.H, a.x + t0 * a.H, a.H, tokens, vec, lane, g, u);
+#pragma unroll
+    for (int t = 0; t < kSharedTokens; ++t) {
+      if (t >= tokens) break;
+      const float gv = warp_sum(g[t]), uv = warp_sum(u[t]);
+      if (lane == 0) a.act[routed + (t0 + t) * a.S + j] = silu_mul(gv, uv);
+    }
+  }
+}
+
+// One pass of one segment of an output row: kDownChunk 16-byte weight loads per lane.
+struct DownPass {
+  const __nv_bfloat16* w;  // weight row (null: dropped slot, contributes 0)
+  const float* act;        // activation row
+  int64_t base, n8;        // first 8-column chunk of this pass, chunks in the row
+  float scale;
+};
+
+// grid: ceil(T·H / kWarps) CTAs; warp w = h·T + t writes out[t, h] (the tokens of one h side by
+// side: same-expert rows come from L2 the second time, as in the gate/up kernel).
+__global__ void __launch_bounds__(kWarps * 32) down_combine_kernel(DecodeArgs a, bool vec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (w >= a.T * a.H) return;
+  const int64_t t = w % a.T, h = w / a.T;
+  if (vec && lane == 0 && t == 0 && a.S > 0) prefetch_l2(a.s_down + h * a.S, static_cast<uint32_t>(a.S * 2));
+  pdl_wait();
+  pdl_trigger();
+  float acc = 0.0f;
+  if (!vec) {
+    for (int64_t j = 0; j < a.k; ++j) {
+      const int32_t e = a.ids[t * a.k + j];
+      if (e < 0 || e >= a.E) continue;
+      const __nv_bfloat16* row = a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I;
+      const float* x = a.act + (t * a.k + j) * a.I;
+      float part = 0.0f;
+      for (int64_t i = lane; i < a.I; i += 32) part += __bfloat162float(row[i]) * x[i];
+      acc += a.wts[t * a.k + j] * part;
+    }
+    if (a.S > 0) {
+      const __nv_bfloat16* row = a.s_down + h * a.S;
+      const float* x = a.act + a.T * a.k * a.I + t * a.S;
+      for (int64_t i = lane; i < a.S; i += 32) acc += __bfloat162float(row[i]) * x[i];
+    }
+  } else {
+    // Passes: k routed rows of I columns, then the shared row of S columns, each split into
+    // passes of 32 · kDownChunk chunks of 8.
+    constexpr int64_t kPassChunks = 32 * kDownChunk;
+    const int64_t pi = (a.I / 8 + kPassChunks - 1) / kPassChunks, ps = (a.S / 8 + kPassChunks - 1) / kPassChunks;
+    const int64_t passes = a.k * pi + ps;
+    auto pass_at = [&](int64_t n) {
+      DownPass d;
+      if (n < a.k * pi) {
+        const int64_t j = n / pi, slot = t * a.k + j;
+        const int32_t e = a.ids[slot];
+        const bool ok = e >= 0 && e < a.E;
+        d = {ok ? a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I : nullptr, a.act + slot * a.I,
+             (n % pi) * kPassChunks, a.I / 8, ok ? a.wts[slot] : 0.0f};
+      } else {
+        d = {a.s_down + h * a.S, a.act + a.T * a.k * a.I + t * a.S, (n - a.k * pi) * kPassChunks, a.S / 8, 1.0f};
+      }
+      return d;
+    };
+    auto load = [&](const DownPass& d, uint4(&v)[kDownChunk]) {
+#pragma unroll
+      for (int c = 0; c < kDownChunk; ++c) {
+        const int64_t i = d.base + c * 32 + lane;
+        if (d.w && i < d.n8) v[c] = __ldcs(reinterpret_cast<const uint4*>(d.w) + i);
+      }
+    };
+    DownPass cur = pass_at(0);
+    uint4 vc[kDownChunk], vn[kDownChunk];
+    load(cur, vc);
+    for (int64_t n = 0; n < passes; ++n) {
+      DownPass nxt{};
+      if (n + 1 < passes) {  // issue the next pass's loads before reducing this one
+        nxt = pass_at(n + 1);
+        load(nxt, vn);
+      }
+      if (cur.w) {
+        float part = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kDownChunk; ++c) {
+          const int64_t i = cur.base + c * 32 + lane;
+          if (i < cur.n8) fma8(vc[c], cur.act + i * 8, part);
+        }
+        acc += cur.scale * part;
+      }
+      cur = nxt;
+#pragma unroll
+      for (int c = 0; c < kDownChunk; ++c) vc[c] = vn[c];
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) a.out[t * a.H + h] = acc;
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+}  // namespace
+
+int64_t gemv_max_tokens() {
+  // Measured on H200 (Moonlight, whole decode steps): 8 tokens take 11.4 ms per step here and 14.2
+  // ms in the grouped GEMMs, 16 tokens 16.1 ms here and 14.5 there. Past ~8 the GEMVs pull too
+  // many same-expert rows through L2 (one per slot); the grouped GEMMs read each expert once.
+  // KILN_MOE_GEMV_MAX_TOKENS overrides it (to measure the crossover on other GPUs).
+  static const int64_t v = [] {
+    const char* e = std::getenv("KILN_MOE_GEMV_MAX_TOKENS");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{8};
+  }();
+  return v;
+}
+
+void moe_decode(const MoeParams& p, cudaStream_t s) {
+  static GrowOnlyScratch act_buf;
+  const int64_t T = p.num_tokens, k = p.top_k, I = p.inter, H = p.hidden, S = p.shared_inter;
+  DecodeArgs a{p.x,
+               T,
+               H,
+               p.topk_ids,
+               p.topk_weights,
+               k,
+               p.num_experts,
+               I,
+               static_cast<const __nv_bfloat16*>(p.w_gate_up),
+               static_cast<const __nv_bfloat16*>(p.w_down),
+               static_cast<const __nv_bfloat16*>(p.w_shared_gate_up),
+               static_cast<const __nv_bfloat16*>(p.w_shared_down),
+               S,
+               act_buf.get<float>(static_cast<size_t>(T * k * I + T * S)),
+               p.out};
+  // 16-byte loads need every row start aligned: widths that are multiples of 8 on aligned bases.
+  const bool vec_gu =
+      H % 8 == 0 && aligned16(p.x) && aligned16(p.w_gate_up) && (S == 0 || aligned16(p.w_shared_gate_up));
+  const bool vec_d =
+      I % 8 == 0 && S % 8 == 0 && aligned16(a.act) && aligned16(p.w_down) && (S == 0 || aligned16(p.w_shared_down));
+  const int64_t groups = (T + kSharedTokens - 1) / kSharedTokens;
+  // 4 gate + 4 up loads in flight per lane measured the same as 8 + 8 (2.90 vs 2.91 ms per
+  // single-stream step on H200) with fewer registers.
+  launch_pdl(gate_up_kernel<4>, dim3(blocks_for(T * k * I + S * groups, kWarps)), dim3(kWarps * 32), 0, s, a, vec_gu);
+  launch_pdl(down_combine_kernel, dim3(blocks_for(T * H, kWarps)), dim3(kWarps * 32), 0, s, a, vec_d);
+}
+
+}  // namespace kiln::ops::cuda::moe_detail
