@@ -64,7 +64,7 @@ KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config 
 # Kernel by kernel (Nsight Compute, one duration metric, caches and clocks left alone): a 2k-token
 # prefill, and steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps).
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-if [ -x "$NCU" ]; then
+if [ -x "$NCU" ] && [ "${KILN_NCU:-1}" = 1 ]; then  # KILN_NCU=0 skips it (~40 s)
   for run in "prefill2k 1 2048 1" "tokens64 64 1 3"; do
     set -- $run
     timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \

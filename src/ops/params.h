@@ -46,12 +46,12 @@ struct LinearParams {
 // Per head h: y[:, h, :] = x[:, h, :] · W[h]ᵀ, every head in one call (the absorbed form's W_uk
 // and W_uv folds).
 struct LinearHeadsParams {
-  const float* x;  // [m, heads, k] at x + t * x_stride + h * x_head_stride
+  const float* x;  // [m, heads, k] at x + t * x_stride + h * x_head_stride (x_stride 0: heads * k)
   int64_t x_stride, x_head_stride;
   const void* w;  // head h: [n, k] row-major at w + h * w_head_stride (elements)
   int64_t w_head_stride;
   DType w_dtype;
-  float* y;  // [m, heads, n] at y + t * y_stride + h * y_head_stride
+  float* y;  // [m, heads, n] at y + t * y_stride + h * y_head_stride (y_stride 0: heads * n)
   int64_t y_stride, y_head_stride;
   int64_t heads, m, n, k;
 };

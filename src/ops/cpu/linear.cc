@@ -33,10 +33,11 @@ void linear(const LinearParams& p) {
 
 void linear_heads(const LinearHeadsParams& p) {
   const size_t esz = dtype_size(p.w_dtype);
+  const int64_t xs = p.x_stride ? p.x_stride : p.heads * p.k, ys = p.y_stride ? p.y_stride : p.heads * p.n;
   for (int64_t h = 0; h < p.heads; ++h)
-    linear({p.x + h * p.x_head_stride, p.x_stride,
+    linear({p.x + h * p.x_head_stride, xs,
             static_cast<const char*>(p.w) + static_cast<size_t>(h * p.w_head_stride) * esz, p.w_dtype,
-            p.y + h * p.y_head_stride, p.y_stride, p.m, p.n, p.k});
+            p.y + h * p.y_head_stride, ys, p.m, p.n, p.k});
 }
 
 }  // namespace kiln::ops::cpu

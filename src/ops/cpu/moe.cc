@@ -100,6 +100,7 @@ void moe(const MoeParams& p) {
     }
   }
   if (p.shared_inter > 0) {  // the shared experts: one dense SwiGLU MLP over every token, weight 1
+    KILN_CHECK(p.w_shared_gate_up && p.w_shared_down, "moe: shared experts need both weights");
     const int64_t T = p.num_tokens, S = p.shared_inter;
     std::vector<float> gu(static_cast<size_t>(T * 2 * S)), act(static_cast<size_t>(T * S)),
         y(static_cast<size_t>(T * H));

@@ -8,6 +8,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/op_profile.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace kiln::ops {
 namespace {
@@ -143,24 +144,33 @@ class CudaBackend final : public Backend {
     cuda::fill_random(t.data, t.dtype, t.numel(), seed, scale, stream_);
   }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
-    return {{"linear", "<=8 rows: kiln bf16 GEMV (f32 activations, 4 loads in flight per lane); more: " + gemm_.name()},
-            {"linear_heads", "<=256 rows: kiln chunked bf16 GEMV over all heads in one launch; more: per-head GEMMs"},
-            {"mla prefill",
-             "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
-             "flash-attention-2 on mma.sync (bf16 q/k/v/P, f32 softmax and accumulation); other head dims: f32 "
-             "CUDA-core 16-query tiles"},
-            {"mla decode",
-             "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV + LSE combine; 576-wide rows: "
-             "mma.sync 16-head tiles (tail masked); other latent widths: CUDA-core 16-head tiles"},
-            {"mla_prepare",
-             "kiln fused attention prologue, one launch: a CTA per token ropes every q head and writes its "
-             "latent row (RMSNorm c_kv, rope k_pe) to the pool"},
-            {"router", "kiln fused sigmoid + bias + grouped top-k (one thread per token)"},
-            {"moe",
-             "<=4 tokens: kiln per-slot bf16 GEMV; more: device-sorted grouped mma.sync GEMMs (gate/up + SwiGLU, down; "
-             "hi/lo f32 activations)"},
-            {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},
-            {"norm/rope/etc", "kiln elementwise kernels (f32 activations)"}};
+    const std::string pdl = cuda::pdl_enabled() ? " (programmatic dependent launch)" : " (KILN_PDL=0: plain launches)";
+    return {
+        {"linear",
+         "<=8 rows: kiln bf16 GEMV (f32 activations, 4 loads in flight per lane, weights prefetched to "
+         "L2 before the previous kernel ends); more: " +
+             gemm_.name()},
+        {"linear_heads", "<=8 rows: the same GEMV over all heads in one launch; more: one batched cuBLASLt GEMM"},
+        {"mla prefill",
+         "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
+         "flash-attention-2 on mma.sync (bf16 q/k/v/P, f32 softmax and accumulation); other head dims: f32 "
+         "CUDA-core 16-query tiles"},
+        {"mla decode",
+         "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV (>= 64 rows per split) merged inside "
+         "the kernel; 576-wide rows: mma.sync 16-head tiles (tail masked); other latent widths: CUDA-core 16-head "
+         "tiles + a merge kernel"},
+        {"mla_prepare",
+         "kiln fused attention prologue, one launch: a CTA per token ropes every q head and writes its "
+         "latent row (RMSNorm c_kv, rope k_pe) to the pool"},
+        {"router",
+         "kiln gate projection + sigmoid + bias + grouped top-k: <=8 tokens one launch (last CTA routes); more: "
+         "a gate GEMV/GEMM, then a warp per token"},
+        {"moe", "<=" + std::to_string(cuda::moe_gemv_max_tokens()) +
+                    " tokens: kiln decode GEMVs, routed + shared experts in two launches; more: device-sorted grouped "
+                    "mma.sync GEMMs (gate/up + SwiGLU, down; hi/lo f32 activations), shared experts via cuBLASLt"},
+        {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},
+        {"norm/rope/etc", "kiln elementwise kernels (f32 activations, float4 RMSNorm)"},
+        {"launches", "every decode kernel" + pdl}};
   }
 
   void copy(const CopyParams& p) override {

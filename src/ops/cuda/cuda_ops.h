@@ -46,9 +46,11 @@ void mla_expanded(const MlaExpandedParams& p, cudaStream_t s);
 // Routing; with a fused gate (p.x set) <= 8 tokens run gate + routing in one launch.
 void router(const RouterParams& p, cudaStream_t s);
 
-// Routed experts (bf16 weights), graph-capturable, no host sync: <= 4 tokens run per-slot GEMVs;
-// more sort slots by expert on the device and run two grouped tensor-core GEMMs (moe/moe.cu).
-// `gemm` is not used (kept so the backend's call site stays put).
+// Routed (+ shared) experts (bf16 weights), graph-capturable, no host sync: decode steps run two
+// GEMV launches (moe/moe_decode.cu); more tokens sort slots by expert on the device and run two
+// grouped tensor-core GEMMs (moe/moe.cu), the shared experts through `gemm`.
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
+// Largest token count the MoE runs as decode GEMVs (KILN_MOE_GEMV_MAX_TOKENS, default 8).
+int64_t moe_gemv_max_tokens();
 
 }  // namespace kiln::ops::cuda

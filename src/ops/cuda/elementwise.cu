@@ -178,6 +178,7 @@ void copy(const CopyParams& p, cudaStream_t s) {
   launch_pdl(copy_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(row_threads(p.cols)), 0, s, p);
 }
 void embedding(const EmbeddingParams& p, cudaStream_t s) {
+  if (p.num_tokens == 0) return;
   launch_pdl(embedding_kernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(row_threads(p.hidden)), 0, s, p,
              p.table_dtype == DType::BF16);
 }

@@ -142,8 +142,10 @@ struct Gemm::Impl {
   size_t workspace_size = 64u << 20;
   GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x
   GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
-  // (rows, n, k, ldb, ldc, heads) -> chosen algorithm (ldb < 0: f32 operands)
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> algos;
+  // (rows, n, k, ldb, ldc, heads, batch strides) -> chosen algorithm (ldb < 0: f32 operands)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
+           cublasLtMatmulAlgo_t>
+      algos;
 
   // c[h] = b[h] · a[h]ᵀ for h < heads: a [n, k] (row-major, heads a_stride elements apart), b [rows, k]
   // rows ldb apart, c [rows, n] f32 rows ldc apart; type: bf16 or f32 operands.
@@ -176,7 +178,8 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
           cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
     }
   }
-  const auto key = std::make_tuple(rows, n, k, ldb * (type == CUDA_R_32F ? -1 : 1), ldc, heads);
+  const auto key =
+      std::make_tuple(rows, n, k, ldb * (type == CUDA_R_32F ? -1 : 1), ldc, heads, a_stride, b_stride, c_stride);
   auto it = algos.find(key);
   if (it == algos.end()) {
     cublasLtMatmulPreference_t pref;
@@ -211,13 +214,16 @@ Gemm::~Gemm() {
   delete impl_;
 }
 
-void Gemm::linear_heads(const LinearHeadsParams& p, cudaStream_t s) {
-  if (p.m == 0 || p.n == 0 || p.heads == 0) return;
+void Gemm::linear_heads(const LinearHeadsParams& p_in, cudaStream_t s) {
+  if (p_in.m == 0 || p_in.n == 0 || p_in.heads == 0 || p_in.k == 0) return;
+  LinearHeadsParams p = p_in;  // stride 0: the dense [m, heads, k] / [m, heads, n] layout
+  if (!p.x_stride) p.x_stride = p.heads * p.k;
+  if (!p.y_stride) p.y_stride = p.heads * p.n;
   if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, exact f32 x
     launch_gemv(p, s);
     return;
   }
-  const int64_t ys = p.y_stride ? p.y_stride : p.heads * p.n, xs = p.x_stride ? p.x_stride : p.heads * p.k;
+  const int64_t ys = p.y_stride, xs = p.x_stride;
   if (p.w_dtype == DType::F32) {  // f32 weights (tests, the router gate): one plain f32 GEMM per head
     impl_->matmul(CUDA_R_32F, p.w, p.w_head_stride, p.x, xs, p.x_head_stride, p.y, ys, p.y_head_stride, p.m, p.n, p.k,
                   p.heads, s);

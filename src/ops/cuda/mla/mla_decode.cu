@@ -170,16 +170,6 @@ __global__ void mla_decode_combine(const float* part_out, const float* part_ml, 
   }
 }
 
-int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
-
 // Partial outputs of the splits; shared by both paths (one stream, grow-only for graph capture).
 GrowOnlyScratch& part_out_scratch() {
   static GrowOnlyScratch s;

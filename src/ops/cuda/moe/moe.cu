@@ -92,6 +92,10 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
 
 }  // namespace
 
+int64_t moe_gemv_max_tokens() {
+  return moe_detail::gemv_max_tokens();
+}
+
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   if (p.num_tokens == 0) return;
   KILN_REQUIRE(p.top_k > 0 && p.num_experts > 0, "moe: needs top_k >= 1 and at least one expert");
