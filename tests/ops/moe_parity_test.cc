@@ -1,0 +1,194 @@
+// MoE ops, CUDA against the CPU reference: the router (with and without its fused gate
+// projection) and the routed + shared experts across token counts, expert counts and widths.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "parity_util.h"
+
+namespace kiln::test {
+namespace {
+
+using ops::OwnedTensor;
+
+struct RouterShape {
+  int64_t tokens, experts, top_k, groups, topk_groups;
+};
+
+TEST(Parity, RouterChoosesTheSameExperts) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  for (RouterShape r : {RouterShape{1, 8, 2, 4, 2}, RouterShape{37, 64, 6, 1, 1}, RouterShape{256, 256, 8, 8, 4},
+                        RouterShape{19, 384, 8, 1, 1}, RouterShape{5, 16, 3, 4, 2}}) {
+    auto logits = randn(static_cast<size_t>(r.tokens * r.experts), 8, 2.0f);
+    auto bias = randn(static_cast<size_t>(r.experts), 9, 0.05f);
+    std::vector<float> w[2];
+    std::vector<int32_t> ids[2];
+    ops::Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      auto tl = put(*be[b], logits), tb = put(*be[b], bias);
+      auto tw = poisoned(*be[b], static_cast<size_t>(r.tokens * r.top_k));
+      auto ti = be[b]->alloc(DType::I32, {r.tokens * r.top_k});
+      be[b]->router({tl.f32(), tb.f32(), ti.t.as<int32_t>(), tw.f32(), r.tokens, r.experts, r.top_k, r.groups,
+                     r.topk_groups, true, 2.5f});
+      w[b] = get(*be[b], tw);
+      ids[b].resize(static_cast<size_t>(r.tokens * r.top_k));
+      be[b]->download(ids[b].data(), ti.t);
+    }
+    EXPECT_EQ(ids[0], ids[1]) << r.experts << " experts";
+    EXPECT_LE(norm_err(w[0], w[1]), 1e-5);
+  }
+}
+
+// The gate projection inside the routing op: one launch up to 8 tokens, per-expert CTAs over
+// 8-token chunks to 256, a tiled GEMM beyond.
+TEST(Parity, RouterWithFusedGate) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  struct Shape {
+    int64_t tokens, experts, hidden, top_k, groups, topk_groups;
+  };
+  for (Shape r : {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
+                  Shape{4, 8, 90, 2, 4, 2}, Shape{5, 64, 96, 6, 1, 1}, Shape{8, 384, 100, 8, 1, 1},
+                  Shape{9, 64, 2048, 6, 1, 1}, Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1},
+                  Shape{257, 64, 2048, 6, 1, 1}, Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}}) {
+    const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
+    const auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
+    const auto bias = randn(static_cast<size_t>(r.experts), 23, 0.05f);
+    std::vector<float> w[2], logits[2];
+    std::vector<int32_t> ids[2];
+    ops::Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      auto tx = put(*be[b], x), tg = put(*be[b], gate), tb = put(*be[b], bias);
+      auto tl = poisoned(*be[b], static_cast<size_t>(r.tokens * r.experts));
+      auto tw = poisoned(*be[b], static_cast<size_t>(r.tokens * r.top_k));
+      auto ti = be[b]->alloc(DType::I32, {r.tokens * r.top_k});
+      ops::RouterParams p{nullptr, tb.f32(), ti.t.as<int32_t>(), tw.f32(), r.tokens, r.experts,
+                          r.top_k, r.groups, r.topk_groups,      true,     2.5f};
+      p.x = tx.f32(), p.gate_weight = tg.f32(), p.gate_logits = tl.f32(), p.hidden = r.hidden;
+      for (int rep = 0; rep < 2; ++rep) be[b]->router(p);  // twice: the fused launch resets its own state
+      w[b] = get(*be[b], tw);
+      logits[b] = get(*be[b], tl);
+      ids[b].resize(static_cast<size_t>(r.tokens * r.top_k));
+      be[b]->download(ids[b].data(), ti.t);
+    }
+    const std::string what = std::to_string(r.tokens) + " tokens, " + std::to_string(r.experts) + " experts, hidden " +
+                             std::to_string(r.hidden);
+    EXPECT_LE(norm_err(logits[0], logits[1]), 1e-5) << what;
+    EXPECT_EQ(ids[0], ids[1]) << what;
+    EXPECT_LE(norm_err(w[0], w[1]), 1e-5) << what;
+  }
+}
+
+enum class MoeRouting { Random, FewExperts, OneHot };
+
+struct MoeShape {
+  int64_t tokens, hidden, inter, experts, top_k;
+  MoeRouting routing = MoeRouting::Random;
+  int64_t shared_inter = 0;  // shared experts' width (0: none)
+};
+
+// top_k distinct experts per token: Random draws from all experts; FewExperts only from the first
+// top_k + 2 (most experts get no token); OneHot puts expert 0 in every token's slot 0.
+std::vector<int32_t> moe_routing(const MoeShape& s, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  const int64_t pool = s.routing == MoeRouting::FewExperts ? std::min(s.experts, s.top_k + 2) : s.experts;
+  std::vector<int32_t> all(static_cast<size_t>(pool)), ids;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::iota(all.begin(), all.end(), 0);
+    int64_t first = 0;
+    if (s.routing == MoeRouting::OneHot) {
+      ids.push_back(0);
+      first = 1;
+    }
+    for (int64_t j = first; j < s.top_k; ++j) {  // partial Fisher-Yates over experts [first, pool)
+      const auto pick = static_cast<size_t>(j + static_cast<int64_t>(g() % static_cast<uint64_t>(pool - j)));
+      std::swap(all[static_cast<size_t>(j)], all[pick]);
+      ids.push_back(all[static_cast<size_t>(j)]);
+    }
+  }
+  return ids;
+}
+
+// Uniform(-scale, scale) from a counter hash: the 7168 x 2048 x 8-expert weights would take
+// seconds through std::normal_distribution.
+std::vector<float> uniform(size_t n, uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+    v[i] = scale * (static_cast<float>((z >> 40) & 0xffffff) / 8388608.0f - 1.0f);
+  }
+  return v;
+}
+
+TEST(Parity, MoeExperts) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  std::vector<MoeShape> shapes;
+  // Every token count (<= 8: decode GEMVs; more: device-sorted grouped GEMMs) at 96/40, sizes
+  // that are not multiples of any tile, across expert counts and top-k.
+  for (int64_t T : {1, 4, 5, 8, 32, 128, 256, 1000, 8192})
+    for (auto [E, k] : {std::pair<int64_t, int64_t>{8, 1}, {64, 6}, {256, 8}, {8, 8}})
+      shapes.push_back({T, 96, 40, E, k});
+  // Model widths: Moonlight (2048/1408, 64 experts, k 6) and DeepSeek-V3 (7168/2048, few experts).
+  for (int64_t T : {4, 5, 64, 256}) shapes.push_back({T, 2048, 1408, 64, 6});
+  for (int64_t T : {5, 32}) shapes.push_back({T, 7168, 2048, 8, 8});
+  // K not a multiple of 8 (the scalar weight-load path); experts without tokens; one expert taking
+  // every token (its rows span many tiles).
+  shapes.push_back({37, 90, 36, 6, 2});
+  shapes.push_back({300, 100, 52, 16, 4});
+  shapes.push_back({200, 96, 40, 64, 6, MoeRouting::FewExperts});
+  shapes.push_back({8192, 96, 40, 64, 6, MoeRouting::OneHot});
+  shapes.push_back({256, 2048, 1408, 64, 6, MoeRouting::OneHot});
+  // Shared experts in the same op: decode GEMVs (<= 8 tokens) and the grouped path, model widths
+  // (Moonlight: 2 shared experts, DeepSeek-V3: 1) and odd ones (scalar loads).
+  for (int64_t T : {1, 2, 3, 4, 5, 8, 16, 17, 64}) shapes.push_back({T, 2048, 1408, 64, 6, MoeRouting::Random, 2816});
+  shapes.push_back({16, 2048, 1408, 64, 6, MoeRouting::FewExperts, 2816});
+  for (int64_t T : {1, 4, 37}) shapes.push_back({T, 96, 40, 8, 2, MoeRouting::Random, 80});
+  for (int64_t T : {1, 3, 6}) shapes.push_back({T, 90, 36, 6, 2, MoeRouting::Random, 36});
+  shapes.push_back({1, 7168, 2048, 8, 8, MoeRouting::Random, 2048});
+  uint64_t seed = 100;
+  for (const MoeShape& s : shapes) {
+    ++seed;
+    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
+    const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
+    const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
+    const auto ids = moe_routing(s, seed);
+    const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
+    const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
+    std::vector<float> tw(ids.size());
+    for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
+    std::vector<float> out[3];  // cpu, gpu, gpu again
+    ops::Backend* be[3] = {cpu.get(), gpu.get(), gpu.get()};
+    for (int b = 0; b < 3; ++b) {
+      // Both backends take the same bf16 weights; x stays f32 (the GPU must keep its precision).
+      auto tx = put(*be[b], x), tg = put(*be[b], wgu, DType::BF16), td = put(*be[b], wd, DType::BF16);
+      auto ti = put_raw(*be[b], ids, DType::I32), tww = put(*be[b], tw);
+      auto to = poisoned(*be[b], x.size());
+      ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
+                       to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
+      OwnedTensor tsgu, tsd;
+      if (s.shared_inter > 0) {
+        tsgu = put(*be[b], sgu, DType::BF16), tsd = put(*be[b], sd, DType::BF16);
+        p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
+      }
+      be[b]->moe(p);
+      out[b] = get(*be[b], to);
+    }
+    const std::string what = std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +
+                             std::to_string(s.inter) + ", " + std::to_string(s.experts) + " experts, top-" +
+                             std::to_string(s.top_k) + ", routing " + std::to_string(static_cast<int>(s.routing)) +
+                             ", shared " + std::to_string(s.shared_inter);
+    // Both GPU paths keep f32 activations as bf16 hi + lo pairs (~16 mantissa bits): only
+    // accumulation order and that split separate them from the f32 reference.
+    EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << what;
+    // The expert sort lands rows in a run-dependent order; results must not depend on it.
+    EXPECT_EQ(0, std::memcmp(out[1].data(), out[2].data(), out[1].size() * sizeof(float))) << what;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
