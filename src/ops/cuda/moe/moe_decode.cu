@@ -4,7 +4,7 @@
 // launch count and load latency, not FLOPs: 8 launches per layer (slot GEMV, SwiGLU, slot GEMV,
 // combine, then the shared MLP's GEMV, SwiGLU, GEMV, add) ran at ~2 TB/s.
 //  1. gate/up: one warp per activation j of a (slot, expert) or of the shared MLP, reading the
-//     gate and up rows together and applying SwiGLU itself; shared rows serve all tokens at once.
+//     gate and up rows together and applying SwiGLU itself; a shared row serves 4 tokens per warp.
 //  2. down + combine: one warp per output (token, h) sums w_j · (Wd[e_j][h] · act_j) over its
 //     slots and the shared row, so nothing is written per slot and no combine pass follows. The
 //     next segment's weights load while the current one is reduced.
