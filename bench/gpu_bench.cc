@@ -28,6 +28,18 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Seconds per call of op(i), i = 0..reps-1, after one warm-up call op(0) (scratch growth, kernel
+// attributes), with the device drained before and after the timed calls.
+template <typename Op>
+double seconds_per_call(ops::Backend& be, int reps, Op&& op) {
+  op(0);
+  be.synchronize();
+  const double t0 = now_s();
+  for (int i = 0; i < reps; ++i) op(i);
+  be.synchronize();
+  return (now_s() - t0) / reps;
+}
+
 const char* kMoonlight = R"({"model_type":"deepseek_v3","vocab_size":163840,"hidden_size":2048,
   "intermediate_size":11264,"moe_intermediate_size":1408,"num_hidden_layers":27,"num_attention_heads":16,
   "n_shared_experts":2,"n_routed_experts":64,"num_experts_per_tok":6,"routed_scaling_factor":2.446,
@@ -112,13 +124,10 @@ json bench_mla_kernel(ops::Backend& be, double copy_gbps, bool quick) {
                             kRope,
                             0.07f});
         }
-        for (const auto& p : params) be.mla_absorbed(p);  // warm-up (attributes, scratch)
-        be.synchronize();
+        for (const auto& p : params) be.mla_absorbed(p);  // every copy's first call (attributes, scratch)
         const int reps = static_cast<int>(std::max<int64_t>(20, 2 * copies));
-        const double t0 = now_s();
-        for (int i = 0; i < reps; ++i) be.mla_absorbed(params[static_cast<size_t>(i % copies)]);
-        be.synchronize();
-        const double sec = (now_s() - t0) / reps;
+        const double sec =
+            seconds_per_call(be, reps, [&](int i) { be.mla_absorbed(params[static_cast<size_t>(i % copies)]); });
         const double bytes = kv_read + static_cast<double>(B * heads * (row + kLora) * 4);
         const double gbps = bytes / sec / 1e9;
         rows.push_back({{"heads", heads},
@@ -184,13 +193,7 @@ json bench_sample(ops::Backend& be, double copy_gbps) {
                                 lp.f32(),
                                 top_ids.t.as<int32_t>(),
                                 top_lp.f32()};
-      be.sample(p);
-      be.synchronize();
-      const int reps = 20;
-      const double t0 = now_s();
-      for (int i = 0; i < reps; ++i) be.sample(p);
-      be.synchronize();
-      const double sec = (now_s() - t0) / reps;
+      const double sec = seconds_per_call(be, 20, [&](int) { be.sample(p); });
       const double pass_gbps = static_cast<double>(R * V * 4) / sec / 1e9;  // one read of the logits
       rows_out.push_back({{"rows", R},
                           {"vocab", V},
@@ -332,13 +335,7 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
     ops::MoeParams p{x.f32(), ti.t.as<int32_t>(), tw.f32(), wgu.t.data, wd.t.data, DType::BF16, out.f32(), T, H, I, E,
                      k};
     p.w_shared_gate_up = sgu.t.data, p.w_shared_down = sd.t.data, p.shared_inter = S;
-    be.moe(p);  // warm-up: scratch growth
-    be.synchronize();
-    const int reps = T >= 4096 ? 5 : 20;
-    const double t0 = now_s();
-    for (int i = 0; i < reps; ++i) be.moe(p);
-    be.synchronize();
-    const double sec = (now_s() - t0) / reps;
+    const double sec = seconds_per_call(be, T >= 4096 ? 5 : 20, [&](int) { be.moe(p); });
     const double distinct = static_cast<double>(std::count(touched.begin(), touched.end(), 1));
     const double bytes = (distinct * 3.0 * static_cast<double>(I * H) + 3.0 * static_cast<double>(S * H)) * 2.0;
     const double flops = 2.0 * static_cast<double>(T) * 3.0 * static_cast<double>((k * I + S) * H);
@@ -379,13 +376,7 @@ json bench_mla_prefill(ops::Backend& be, double gemm_tflops) {
       be.upload(tk.t, cu.data());
       const ops::MlaExpandedParams p{q.f32(), k.f32(), v.f32(), out.f32(), {tq.t.as<int32_t>(), tk.t.as<int32_t>(), 1},
                                      T,       heads,   qk,      vd,        0.07f};
-      be.mla_expanded(p);  // warm-up
-      be.synchronize();
-      const int reps = T >= 8192 ? 5 : 20;
-      const double t0 = now_s();
-      for (int i = 0; i < reps; ++i) be.mla_expanded(p);
-      be.synchronize();
-      const double sec = (now_s() - t0) / reps;
+      const double sec = seconds_per_call(be, T >= 8192 ? 5 : 20, [&](int) { be.mla_expanded(p); });
       const double flops = 2.0 * static_cast<double>(heads * (qk + vd)) * static_cast<double>(T) * T / 2.0;
       const double tflops = flops / sec / 1e12;
       rows.push_back({{"heads", heads},

@@ -92,17 +92,13 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
 
 }  // namespace
 
-int64_t moe_gemv_max_tokens() {
-  return moe_detail::gemv_max_tokens();
-}
-
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   if (p.num_tokens == 0) return;
   KILN_REQUIRE(p.top_k > 0 && p.num_experts > 0, "moe: needs top_k >= 1 and at least one expert");
   KILN_REQUIRE(p.w_dtype == DType::BF16,
                std::string("moe on CUDA: expert weights must be bf16, got ") + dtype_name(p.w_dtype));
   KILN_REQUIRE(p.shared_inter == 0 || (p.w_shared_gate_up && p.w_shared_down), "moe: shared experts need both weights");
-  if (p.num_tokens <= moe_detail::gemv_max_tokens())
+  if (p.num_tokens <= moe_gemv_max_tokens())
     moe_detail::moe_decode(p, s);
   else
     moe_grouped(p, gemm, s);

@@ -1,4 +1,4 @@
-// Decode-sized MoE (<= gemv_max_tokens() tokens): the chosen experts and the shared experts in two
+// Decode-sized MoE (<= moe_gemv_max_tokens() tokens): the chosen experts and the shared experts in two
 // launches that stream the weights at copy bandwidth. A decode step is bound by reading them
 // (Moonlight: 6 routed + 2 shared experts = 138 MB per layer), and at one token the cost was
 // launch count and load latency, not FLOPs: 8 launches per layer (slot GEMV, SwiGLU, slot GEMV,
@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/moe/moe_internal.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -233,18 +234,6 @@ bool aligned16(const void* p) {
 
 }  // namespace
 
-int64_t gemv_max_tokens() {
-  // Measured on H200 (Moonlight, whole decode steps): 8 tokens take 11.4 ms per step here and 14.2
-  // ms in the grouped GEMMs, 16 tokens 16.1 ms here and 14.5 there. Past ~8 the GEMVs pull too
-  // many same-expert rows through L2 (one per slot); the grouped GEMMs read each expert once.
-  // KILN_MOE_GEMV_MAX_TOKENS overrides it (to measure the crossover on other GPUs).
-  static const int64_t v = [] {
-    const char* e = std::getenv("KILN_MOE_GEMV_MAX_TOKENS");
-    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{8};
-  }();
-  return v;
-}
-
 void moe_decode(const MoeParams& p, cudaStream_t s) {
   static GrowOnlyScratch act_buf;
   const int64_t T = p.num_tokens, k = p.top_k, I = p.inter, H = p.hidden, S = p.shared_inter;
@@ -278,3 +267,19 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
 }
 
 }  // namespace kiln::ops::cuda::moe_detail
+
+namespace kiln::ops::cuda {
+
+int64_t moe_gemv_max_tokens() {
+  // Measured on H200 (Moonlight, whole decode steps): 8 tokens take 11.4 ms per step here and 14.2
+  // ms in the grouped GEMMs, 16 tokens 16.1 ms here and 14.5 there. Past ~8 the GEMVs pull too
+  // many same-expert rows through L2 (one per slot); the grouped GEMMs read each expert once.
+  // KILN_MOE_GEMV_MAX_TOKENS overrides it (to measure the crossover on other GPUs).
+  static const int64_t v = [] {
+    const char* e = std::getenv("KILN_MOE_GEMV_MAX_TOKENS");
+    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{8};
+  }();
+  return v;
+}
+
+}  // namespace kiln::ops::cuda

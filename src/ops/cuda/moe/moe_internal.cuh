@@ -17,9 +17,7 @@
 
 namespace kiln::ops::cuda::moe_detail {
 
-// Up to this many tokens a step runs the decode GEMVs (moe_decode.cu); more take the grouped GEMMs.
-// KILN_MOE_GEMV_MAX_TOKENS overrides it (for measuring where the crossover lies).
-int64_t gemv_max_tokens();
+// Decode-sized steps (<= moe_gemv_max_tokens() tokens, cuda_ops.h): moe_decode.cu.
 void moe_decode(const MoeParams& p, cudaStream_t s);
 
 inline int64_t round_up(int64_t v, int64_t m) {
