@@ -45,11 +45,24 @@ echo "== engine throughput on CUDA (kiln bench model, Moonlight shape, random we
   --batch-sizes 1,32 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_eager.json" 2>&1 | tail -6 || status=1
 echo "== the same without programmatic dependent launch (KILN_PDL=0), for the A/B"
 KILN_PDL=0 .gpu/kiln bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
-  --batch-sizes 1,8,128 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_nopdl.json" 2>&1 | grep -E "^ +[0-9]" || status=1
-echo "== MoE crossover: decode GEMVs up to 4 / 8 (the default) / 16 tokens, grouped GEMMs beyond"
-for m in 4 8 16; do
-  KILN_MOE_GEMV_MAX_TOKENS=$m .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
-    --random-weights --batch-sizes 4,8,16 --prompt-len 128 --decode-steps 32 2>&1 | grep -E "^ +[0-9]" | sed "s/^/gemv<=$m: /"
+  --batch-sizes 1,128 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_nopdl.json" 2>&1 | grep -E "^ +[0-9]" || status=1
+BENCH=(.gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights)
+echo "== A/B: the input RMSNorm inside the decode GEMV up to KILN_GEMV_NORM_MAX_ROWS rows (default 1; 0 = never)"
+for v in 0 8; do
+  KILN_GEMV_NORM_MAX_ROWS=$v "${BENCH[@]}" --batch-sizes 1,2,8 --prompt-len 128 --decode-steps 32 2>&1 |
+    grep -E "^ +[0-9]" | sed "s/^/gemv_norm_max=$v: /"
+done
+echo "== A/B: 16-row MoE tiles on the skinny grouped kernel (default) or the general one (KILN_MOE_SKINNY=0)"
+for v in 1 0; do
+  KILN_MOE_SKINNY=$v "${BENCH[@]}" --batch-sizes 32,256 --prompt-len 128 --decode-steps 32 2>&1 |
+    grep -E "^ +[0-9]" | sed "s/^/skinny=$v: /"
+done
+echo "== A/B: prefill experts through cuBLASLt from KILN_MOE_CUBLAS_MIN_TOKENS tokens (default 1024; 1e9 = never)"
+for v in 1024 128 1000000000; do
+  for len in 1000 8000; do
+    KILN_MOE_CUBLAS_MIN_TOKENS=$v "${BENCH[@]}" --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
+      grep -E "^ +[0-9]" | sed "s/^/cublas_min=$v prompt=$len: /"
+  done
 done
 echo "== benchmarks"
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
@@ -76,7 +89,7 @@ rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]; name_i = head.index("Kernel Name"); val_i = head.index("Metric Value"); unit_i = head.index("Metric Unit")
 tot = collections.defaultdict(lambda: [0.0, 0])
 for r in rows[1:]:
-    v = float(r[val_i].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3}.get(r[unit_i], 1)
+    v = float(r[val_i].replace(",", "")) * {"ns": 1e-3, "nsecond": 1e-3, "us": 1, "usecond": 1, "ms": 1e3, "msecond": 1e3}.get(r[unit_i], 1)
     n = re.sub(r"\(.*", "", r[name_i]); n = re.sub(r"^(void )?(kiln::ops::cuda::)?", "", n)[:90]
     tot[n][0] += v; tot[n][1] += 1
 all_us = sum(t for t, _ in tot.values())

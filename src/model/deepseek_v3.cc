@@ -287,26 +287,25 @@ std::shared_ptr<void> DeepseekV3Model::capture(const StepInputs& in, LatentKvPoo
 void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm form, const int32_t* logit_rows,
                               int64_t rows, float* logits) {
   const int64_t T = in.T, H = c_.hidden_size, V = c_.vocab_size;
-  OwnedTensor x = scratch(T, H), h = scratch(T, H), y = scratch(T, H);  // x: the residual stream [T, H]
+  // The residual stream is x + pending: x (the embeddings) is never written inside the layers, and
+  // pending sums every sub-layer's output so far. Each sub-layer normalises x + pending inside its
+  // first op and adds pending to its output inside its last, so no layer runs a separate norm or
+  // add. ya and ym (attention, FFN) alternate so that no op reads the buffer it writes.
+  OwnedTensor x = scratch(T, H), ya = scratch(T, H), ym = scratch(T, H);  // [T, H] each
   be_.embedding({in.ids.t.as<int32_t>(), w_.embed.t.data, w_.embed.t.dtype, x.f32(), T, V, H});
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  // Each sub-layer's output y joins the residual stream x inside the next norm (fused add + norm).
-  const float* pending = nullptr;  // y, not yet added to x
-  auto add_and_norm = [&](const OwnedTensor& weight, float* out) {
+  const float* pending = nullptr;  // [T, H], not yet added to x (null: nothing)
+  for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+    attention(l, x.f32(), pending, ya.f32(), in, pool, form);
+    ffn(l, x.f32(), ya.f32(), ym.f32(), T);
+    pending = ym.f32();
+  }
+  auto add_and_norm = [&](const OwnedTensor& weight, float* out) {  // x += pending; out = norm(x)
     ops::RmsNormParams n{x.f32(), 0, weight.t.data, weight.t.dtype, out, 0, T, H, eps};
     if (pending) n.residual = pending, n.sum = x.f32();
     be_.rms_norm(n);
     pending = nullptr;
   };
-  for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
-    const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
-    add_and_norm(lw.input_norm, h.f32());
-    attention(l, h.f32(), y.f32(), in, pool, form);
-    pending = y.f32();
-    add_and_norm(lw.post_attn_norm, h.f32());
-    ffn(l, h.f32(), y.f32(), T);
-    pending = y.f32();
-  }
 
   // Only the requested rows go through the final norm and the vocabulary projection.
   if (rows == 0) return;
@@ -315,14 +314,18 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm 
     add_and_norm(w_.final_norm, sel.f32());
   } else {
     if (pending) be_.add({x.f32(), pending, x.f32(), T * H});
-    for (int64_t i = 0; i < rows; ++i) be_.copy({x.f32() + logit_rows[i] * H, H, sel.f32() + i * H, H, 1, H});
+    // One copy per run of consecutive rows (a decode batch is one run; a prefill chunk one row).
+    for (int64_t i = 0, n = 1; i < rows; i += n) {
+      for (n = 1; i + n < rows && logit_rows[i + n] == logit_rows[i] + n;) ++n;
+      be_.copy({x.f32() + logit_rows[i] * H, H, sel.f32() + i * H, H, n, H});
+    }
     be_.rms_norm({sel.f32(), 0, w_.final_norm.t.data, w_.final_norm.t.dtype, sel.f32(), 0, rows, H, eps});
   }
   be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, logits, 0, rows, V, H});
 }
 
-void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const StepInputs& in, LatentKvPool& pool,
-                                MlaForm form) {
+void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending, float* out, const StepInputs& in,
+                                LatentKvPool& pool, MlaForm form) {
   const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
   const int64_t T = in.T, H = c_.hidden_size, nh = c_.num_attention_heads, nope = c_.qk_nope_head_dim,
                 rope = c_.qk_rope_head_dim, qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank,
@@ -332,7 +335,10 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
   // One projection of x feeds both q (or q LoRA's q_a) and the latent row: qkv [T, nq + row].
   const int64_t nq = qkv_a_q_rows(c_), ld = nq + row;
   OwnedTensor qkv = scratch(T, ld);
-  be_.linear({x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H});
+  ops::LinearParams qkv_a{x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H};
+  qkv_a.norm_weight = w.input_norm.t.data, qkv_a.norm_weight_dtype = w.input_norm.t.dtype, qkv_a.norm_eps = eps;
+  qkv_a.norm_residual = pending;  // projects input_norm(x + pending)
+  be_.linear(qkv_a);
 
   // q [T, nh, qk]: q_nope ‖ q_pe per head, rows q_stride apart (a view of qkv without q LoRA).
   float* q = qkv.f32();
@@ -348,8 +354,9 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
   }
 
   // One op ropes q_pe into q_pe_out and writes the new latent rows (normalised c_kv ‖ roped k_pe)
-  // to their pool slots; qkv's kv part stays as projected.
-  auto prepare = [&](float* q_pe_out, int64_t out_stride, int64_t out_head_stride) {
+  // to their pool slots; qkv's kv part stays as projected. Given q_lat (the absorbed form) it also
+  // folds W_uk into q there: q_lat[h] = W_uk[h]ᵀ q_nope[h], rows as q_pe_out's.
+  auto prepare = [&](float* q_pe_out, int64_t out_stride, int64_t out_head_stride, float* q_lat) {
     be_.mla_prepare({.q_in = q + nope,
                      .q_in_stride = q_stride,
                      .q_in_head_stride = qk,
@@ -371,7 +378,12 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
                      .pool_dtype = pool.dtype,
                      .num_tokens = T,
                      .kv_lora = r,
-                     .rope_dim = rope});
+                     .rope_dim = rope,
+                     .q_nope = q,
+                     .w_uk = q_lat ? w.w_uk_t.t.data : nullptr,
+                     .w_uk_dtype = w.w_uk_t.t.dtype,
+                     .nope_dim = nope,
+                     .q_lat = q_lat});
   };
 
   OwnedTensor o = scratch(T, nh * vd);  // [T, nh, v]
@@ -379,7 +391,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
   const ops::PagedKv paged = in.paged(pool, l);
 
   if (form == MlaForm::Expanded) {
-    prepare(q + nope, q_stride, qk);  // q_pe roped in place
+    prepare(q + nope, q_stride, qk, nullptr);  // q_pe roped in place; no fold
     const int64_t ctx = in.total_kv;
     OwnedTensor kv = scratch(ctx, row);  // [total_kv, row]: every sequence's context, contiguous
     be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, ctx, kv.f32()});
@@ -388,15 +400,14 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
     OwnedTensor k = scratch(ctx, nh * qk), v = scratch(ctx, nh * vd);  // [ctx, nh, qk], [ctx, nh, v]
     be_.copy({kvb.f32(), nope + vd, k.f32(), qk, ctx * nh, nope});
     be_.copy({kvb.f32() + nope, nope + vd, v.f32(), vd, ctx * nh, vd});
-    for (int64_t hd = 0; hd < nh; ++hd) be_.copy({kv.f32() + r, row, k.f32() + hd * qk + nope, nh * qk, ctx, rope});
+    // The shared k_pe into every head: one broadcast copy (was one launch per head).
+    be_.copy({kv.f32() + r, row, k.f32() + nope, qk, ctx * nh, rope, nh});
     const ops::VarlenSeqs seqs{in.cu_q.t.as<int32_t>(), in.cu_kv.t.as<int32_t>(), in.B};
     be_.mla_expanded({q, k.f32(), v.f32(), o.f32(), seqs, T, nh, qk, vd, scale_, q_stride});
   } else {
-    // Fold W_uk into q: q_lat[h] = W_uk[h]ᵀ q_nope[h]; the roped q_pe lands beside it.
-    OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]
-    be_.linear_heads(
-        {q, q_stride, qk, w.w_uk_t.t.data, r * nope, w.w_uk_t.t.dtype, qa.f32(), nh * row, row, nh, T, r, nope});
-    prepare(qa.f32() + r, nh * row, row);
+    // q folded through W_uk (q_lat) with the roped q_pe beside it, in the same op as the latent rows.
+    OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]: q_lat ‖ q_pe
+    prepare(qa.f32() + r, nh * row, row, qa.f32());
     OwnedTensor lat = scratch(T, nh * r);  // [T, nh, kv_lora]
     be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, T, lat.f32(), nh, r, rope, scale_});
     // Fold W_uv into the output: v[h] = W_uv[h] · lat[h].
@@ -404,38 +415,71 @@ void DeepseekV3Model::attention(int64_t l, const float* x, float* out, const Ste
     const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
     be_.linear_heads({lat.f32(), nh * r, r, wuv, (nope + vd) * r, w.kv_b.t.dtype, o.f32(), nh * vd, vd, nh, T, vd, r});
   }
-  be_.linear({o.f32(), 0, w.o_proj.t.data, w.o_proj.t.dtype, out, 0, T, H, nh * vd});
+  ops::LinearParams o_proj{o.f32(), 0, w.o_proj.t.data, w.o_proj.t.dtype, out, 0, T, H, nh * vd};
+  o_proj.add = pending;  // out = attention + pending
+  be_.linear(o_proj);
 }
 
-void DeepseekV3Model::ffn(int64_t l, const float* x, float* out, int64_t T) {
+void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float* out, int64_t T) {
   const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
   const int64_t H = c_.hidden_size;
-  auto mlp = [&](const OwnedTensor& gate_up, const OwnedTensor& down, float* dst) {
-    const int64_t inter = gate_up.t.shape[0] / 2;
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  if (!w.moe) {  // dense SwiGLU MLP: post_attn_norm inside gate_up, pending added inside down
+    const int64_t inter = w.mlp_gate_up.t.shape[0] / 2;
     OwnedTensor gu = scratch(T, 2 * inter), act = scratch(T, inter);
-    be_.linear({x, 0, gate_up.t.data, gate_up.t.dtype, gu.f32(), 0, T, 2 * inter, H});
+    ops::LinearParams gate_up{x, 0, w.mlp_gate_up.t.data, w.mlp_gate_up.t.dtype, gu.f32(), 0, T, 2 * inter, H};
+    gate_up.norm_weight = w.post_attn_norm.t.data, gate_up.norm_weight_dtype = w.post_attn_norm.t.dtype;
+    gate_up.norm_eps = eps, gate_up.norm_residual = pending;
+    be_.linear(gate_up);
     be_.swiglu({gu.f32(), act.f32(), T, inter});
-    be_.linear({act.f32(), 0, down.t.data, down.t.dtype, dst, 0, T, H, inter});
-  };
-  if (!w.moe) {
-    mlp(w.mlp_gate_up, w.mlp_down, out);
+    ops::LinearParams down{act.f32(), 0, w.mlp_down.t.data, w.mlp_down.t.dtype, out, 0, T, H, inter};
+    down.add = pending;
+    be_.linear(down);
     return;
   }
   const int64_t E = c_.n_routed_experts, k = c_.num_experts_per_tok;
   OwnedTensor logits = scratch(T, E);  // [T, E] router logits in f32
   OwnedTensor ids = be_.alloc(DType::I32, {T, k}), wts = scratch(T, k);
-  // Gate projection and routing in one op (one launch per decode layer on CUDA).
-  be_.router({logits.f32(), w.router_bias.f32(), ids.t.as<int32_t>(), wts.f32(), T, E, k, c_.n_group, c_.topk_group,
-              c_.norm_topk_prob, static_cast<float>(c_.routed_scaling_factor), x, w.router.f32(), logits.f32(), H});
+  OwnedTensor h = scratch(T, H);  // [T, H]: post_attn_norm(x + pending), the experts' input
+  // Norm, gate projection and routing in one op (one launch per decode layer on CUDA).
+  ops::RouterParams route{logits.f32(),
+                          w.router_bias.f32(),
+                          ids.t.as<int32_t>(),
+                          wts.f32(),
+                          T,
+                          E,
+                          k,
+                          c_.n_group,
+                          c_.topk_group,
+                          c_.norm_topk_prob,
+                          static_cast<float>(c_.routed_scaling_factor)};
+  route.x = x, route.gate_weight = w.router.f32(), route.gate_logits = logits.f32(), route.hidden = H;
+  route.norm_weight = w.post_attn_norm.t.data, route.norm_weight_dtype = w.post_attn_norm.t.dtype;
+  route.norm_eps = eps, route.norm_residual = pending, route.normed_x = h.f32();
+  be_.router(route);
   // The shared experts ride in the same op: decode streams every expert's weights in one pass.
   const bool shared = c_.n_shared_experts > 0;
   KILN_CHECK(!shared || w.shared_gate_up.t.dtype == w.experts_gate_up.t.dtype,
              "shared and routed expert weights must share a dtype, got {} and {}", dtype_name(w.shared_gate_up.t.dtype),
              dtype_name(w.experts_gate_up.t.dtype));
-  be_.moe({x, ids.t.as<int32_t>(), wts.f32(), w.experts_gate_up.t.data, w.experts_down.t.data,
-           w.experts_gate_up.t.dtype, out, T, H, c_.moe_intermediate_size, E, k,
-           shared ? w.shared_gate_up.t.data : nullptr, shared ? w.shared_down.t.data : nullptr,
-           shared ? w.shared_gate_up.t.shape[0] / 2 : 0});
+  ops::MoeParams moe{h.f32(),
+                     ids.t.as<int32_t>(),
+                     wts.f32(),
+                     w.experts_gate_up.t.data,
+                     w.experts_down.t.data,
+                     w.experts_gate_up.t.dtype,
+                     out,
+                     T,
+                     H,
+                     c_.moe_intermediate_size,
+                     E,
+                     k};
+  if (shared) {
+    moe.w_shared_gate_up = w.shared_gate_up.t.data, moe.w_shared_down = w.shared_down.t.data;
+    moe.shared_inter = w.shared_gate_up.t.shape[0] / 2;
+  }
+  moe.add = pending;  // out = experts + pending
+  be_.moe(moe);
 }
 
 }  // namespace kiln

@@ -71,8 +71,12 @@ class DeepseekV3Model {
                float* logits);
   bool graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const;
   std::shared_ptr<void> capture(const StepInputs& in, LatentKvPool& pool, float* logits);
-  void attention(int64_t layer, const float* x, float* out, const StepInputs& in, LatentKvPool& pool, MlaForm form);
-  void ffn(int64_t layer, const float* x, float* out, int64_t T);
+  // The sub-layers over the residual stream x + pending (pending [T, H]: outputs not yet added to x;
+  // null: none): each reads its norm of x + pending (fused into its first op) and writes
+  // out [T, H] = pending + its output (the addend fused into its last op). x is never written.
+  void attention(int64_t layer, const float* x, const float* pending, float* out, const StepInputs& in,
+                 LatentKvPool& pool, MlaForm form);
+  void ffn(int64_t layer, const float* x, const float* pending, float* out, int64_t T);
 
   OwnedTensor scratch(int64_t rows, int64_t cols);
 

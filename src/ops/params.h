@@ -41,6 +41,17 @@ struct LinearParams {
   float* y;  // [m, n], rows y_stride apart
   int64_t y_stride;
   int64_t m, n, k;
+  // Optional input norm (a layer's RMSNorm inside the projection that consumes it: on CUDA one
+  // launch fewer per single-stream decode sub-layer): when norm_weight is set, the op multiplies by
+  // rms_norm(x + norm_residual) ⊙ norm_weight instead of x, with RmsNormParams's math (mean of
+  // squares over k, rsqrt(mean + eps)). Neither x nor norm_residual is written.
+  const void* norm_weight = nullptr;  // [k]
+  DType norm_weight_dtype = DType::F32;
+  float norm_eps = 0.0f;
+  const float* norm_residual = nullptr;  // [m, k], rows x_stride apart (null: none)
+  // Optional addend (the residual stream joining a sub-layer's output): y = x · wᵀ + add. Must not
+  // overlap y.
+  const float* add = nullptr;  // [m, n], rows y_stride apart
 };
 
 // Per head h: y[:, h, :] = x[:, h, :] · W[h]ᵀ, every head in one call (the absorbed form's W_uk
@@ -64,13 +75,15 @@ struct AddParams {
   int64_t n;
 };
 
-// Copies a [rows, cols] block between strided rows.
+// Copies a [rows, cols] block between strided rows; destination row r reads source row
+// r / src_repeat (src_repeat > 1 broadcasts each source row, e.g. the shared k_pe to every head).
 struct CopyParams {
-  const float* src;  // [rows, cols], rows src_stride apart
+  const float* src;  // [rows / src_repeat, cols], rows src_stride apart
   int64_t src_stride;
   float* dst;  // [rows, cols], rows dst_stride apart
   int64_t dst_stride;
   int64_t rows, cols;
+  int64_t src_repeat = 1;
 };
 
 // silu(gate) * up, with gate and up side by side in one row.
@@ -166,6 +179,13 @@ struct KvGatherParams {
 //   pool[slots[t]] = rms_norm(kva[t, :kv_lora]) * norm_weight ‖ rope(kva[t, kv_lora:]),
 // stored as kv_scatter stores (bf16: round to nearest even). kva itself is left as projected.
 // Strides are explicit (0 is not "contiguous" here).
+// Optionally (w_uk set) the absorbed form's W_uk fold runs in the same op, so a decode layer's
+// prologue is one launch: for every token t and head h
+//   q_lat[t, h, :] = w_uk[h] · q_nope[t, h, :]   (w_uk[h]: [kv_lora, nope_dim]),
+// exactly linear_heads({q_nope, q_in_stride, q_in_head_stride, w_uk, kv_lora * nope_dim, w_uk_dtype,
+// q_lat, q_out_stride, q_out_head_stride, num_heads, num_tokens, kv_lora, nope_dim}): q_nope shares
+// q_in's strides and q_lat q_out's (the absorbed form writes q_lat ‖ roped q_pe side by side);
+// q_lat must not overlap q_in, q_nope or q_out.
 struct MlaPrepareParams {
   const float* q_in;  // [num_tokens, num_heads, rope] at q_in + t*q_in_stride + h*q_in_head_stride
   int64_t q_in_stride, q_in_head_stride;
@@ -185,6 +205,12 @@ struct MlaPrepareParams {
   void* pool;                // [num_slots, kv_lora + rope] of pool_dtype
   DType pool_dtype;          // F32 or BF16
   int64_t num_tokens, kv_lora, rope_dim;
+  // The optional W_uk fold (absent while w_uk is null).
+  const float* q_nope = nullptr;   // [num_tokens, num_heads, nope_dim] at q_nope + t*q_in_stride + h*q_in_head_stride
+  const void* w_uk = nullptr;      // [num_heads, kv_lora, nope_dim] row-major (the model's w_uk_t)
+  DType w_uk_dtype = DType::BF16;  // BF16 or F32
+  int64_t nope_dim = 0;
+  float* q_lat = nullptr;  // [num_tokens, num_heads, kv_lora] at q_lat + t*q_out_stride + h*q_out_head_stride
 };
 
 // Grouped top-k routing (DESIGN.md §4).
@@ -202,6 +228,15 @@ struct RouterParams {
   const float* gate_weight = nullptr;  // [num_experts, hidden] f32
   float* gate_logits = nullptr;        // [num_tokens, num_experts] written
   int64_t hidden = 0;
+  // Optional input norm of the fused gate (the post-attention RMSNorm inside the routing op): when
+  // norm_weight is set, the gate reads rms_norm(x + norm_residual) ⊙ norm_weight (RmsNormParams's
+  // math) and writes it to normed_x, the experts' input. normed_x must not overlap x or
+  // norm_residual; neither of those is written.
+  const void* norm_weight = nullptr;  // [hidden]
+  DType norm_weight_dtype = DType::F32;
+  float norm_eps = 0.0f;
+  const float* norm_residual = nullptr;  // [num_tokens, hidden] (null: none)
+  float* normed_x = nullptr;             // [num_tokens, hidden] written
 };
 
 // Routed experts: out[t] = Σ_j w[t,j] · down_e(silu(gate_e x) * up_e x), e = topk_ids[t,j]
@@ -220,6 +255,9 @@ struct MoeParams {
   const void* w_shared_gate_up = nullptr;  // [2 * shared_inter, hidden]: gate rows then up rows
   const void* w_shared_down = nullptr;     // [hidden, shared_inter]
   int64_t shared_inter = 0;
+  // Optional addend (the residual stream joining the FFN's output): out[t] += add[t]. Must not
+  // overlap out.
+  const float* add = nullptr;  // [num_tokens, hidden]
 };
 
 // Row-wise log-softmax.

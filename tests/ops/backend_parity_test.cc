@@ -17,7 +17,7 @@ TEST(Parity, RmsNormAddSwigluCopy) {
   auto& [cpu, gpu] = backends();
   for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 64}, {5, 90}, {257, 7168}, {64, 513}}) {
     auto x = randn(static_cast<size_t>(rows * dim), 1), w = bf16_round(randn(static_cast<size_t>(dim), 2));
-    std::vector<float> out[2];
+    std::vector<float> out[2], bcast[2];
     ops::Backend* be[2] = {cpu.get(), gpu.get()};
     for (int b = 0; b < 2; ++b) {
       auto tx = put(*be[b], x), tw = put(*be[b], w, b ? DType::BF16 : DType::F32);
@@ -29,8 +29,17 @@ TEST(Parity, RmsNormAddSwigluCopy) {
       be[b]->swiglu({tgu.f32(), ts.f32(), rows, dim / 2});
       be[b]->copy({ts.f32(), dim / 2, to.f32() + 1, dim, rows, dim / 2 - 1});
       out[b] = get(*be[b], to);
+      // Broadcast: every source row into 3 consecutive destination rows (the expanded form's k_pe).
+      auto tb = poisoned(*be[b], static_cast<size_t>(3 * rows * dim));
+      be[b]->copy({tx.f32() + 1, dim, tb.f32(), dim, 3 * rows, dim - 1, 3});
+      bcast[b] = get(*be[b], tb);
     }
     EXPECT_LE(norm_err(out[0], out[1]), 1e-5) << rows << "x" << dim;
+    for (int b = 0; b < 2; ++b)
+      for (int64_t r = 0; r < 3 * rows; ++r)
+        for (int64_t c = 0; c < dim - 1; ++c)
+          ASSERT_EQ(bcast[b][static_cast<size_t>(r * dim + c)], x[static_cast<size_t>(r / 3 * dim + c + 1)])
+              << "backend " << b << " row " << r << " col " << c;
   }
 }
 
@@ -100,7 +109,7 @@ TEST(Parity, Linear) {
     // The GPU multiplies bf16 operands: round x too, so the comparison measures accumulation only.
     auto x = bf16_round(randn(static_cast<size_t>(s.m * s.k), 6)),
          w = bf16_round(randn(static_cast<size_t>(s.n * s.k), 7));
-    std::vector<float> out[2];
+    std::vector<float> out[2], bcast[2];
     ops::Backend* be[2] = {cpu.get(), gpu.get()};
     for (int b = 0; b < 2; ++b) {
       auto tx = put(*be[b], x), tw = put(*be[b], w, b ? DType::BF16 : DType::F32);
@@ -131,6 +140,96 @@ TEST(Parity, LinearHeads) {
       }
       EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << m << " rows, " << heads << " heads";
     }
+  }
+}
+
+// What decode layers fuse into linear: their RMSNorm (of x + residual) inside the first projection
+// and the residual add inside the last, against the op sequence it replaces.
+struct FusedLinearCase {
+  int64_t m, n, k;
+  int variant;  // 0: norm; 1: norm + residual + add, strided rows; 2: add alone, strided; 3: f32 norm weight + residual
+  bool norm() const { return variant != 2; }
+  bool residual() const { return variant == 1 || variant == 3; }
+  bool add() const { return variant == 1 || variant == 2; }
+  int64_t xs() const { return variant == 1 || variant == 2 ? k + 4 : k; }
+  int64_t ys() const { return variant == 1 || variant == 2 ? n + 3 : n; }
+  std::string str() const {
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ", variant " +
+           std::to_string(variant);
+  }
+};
+
+struct FusedLinearInputs {
+  std::vector<float> x, res, norm_w, w, add;  // [m, xs], [m, xs], [k], [n, k], [m, ys]
+};
+
+FusedLinearInputs fused_linear_inputs(const FusedLinearCase& c, uint64_t seed) {
+  return {randn(static_cast<size_t>(c.m * c.xs()), seed), randn(static_cast<size_t>(c.m * c.xs()), seed + 1),
+          bf16_round(randn(static_cast<size_t>(c.k), seed + 2)),
+          bf16_round(randn(static_cast<size_t>(c.n * c.k), seed + 3, 0.05f)),
+          randn(static_cast<size_t>(c.m * c.ys()), seed + 4)};
+}
+
+// y [m, n] of the fused op, or (fused false) of rms_norm, then linear, then the add (on the host).
+std::vector<float> run_fused_linear(ops::Backend& be, const FusedLinearCase& c, const FusedLinearInputs& in,
+                                    bool fused) {
+  const int64_t m = c.m, n = c.n, k = c.k, xs = c.xs(), ys = c.ys();
+  const bool gpu = be.device() == Device::CUDA;
+  const DType wdt = gpu ? DType::BF16 : DType::F32, ndt = gpu && c.variant != 3 ? DType::BF16 : DType::F32;
+  auto x = put(be, in.x), res = put(be, in.res), nw = put(be, in.norm_w, ndt), w = put(be, in.w, wdt);
+  auto add = put(be, in.add), y = poisoned(be, static_cast<size_t>(m * ys));
+  if (fused) {
+    ops::LinearParams p{x.f32(), xs, w.t.data, wdt, y.f32(), ys, m, n, k};
+    if (c.norm()) p.norm_weight = nw.t.data, p.norm_weight_dtype = ndt, p.norm_eps = 1e-6f;
+    if (c.residual()) p.norm_residual = res.f32();
+    if (c.add()) p.add = add.f32();
+    be.linear(p);
+  } else {
+    auto xn = poisoned(be, static_cast<size_t>(m * k)), sum = poisoned(be, static_cast<size_t>(m * xs));
+    const float* xin = x.f32();
+    int64_t xin_stride = xs;
+    if (c.norm()) {
+      ops::RmsNormParams nrm{x.f32(), xs, nw.t.data, ndt, xn.f32(), k, m, k, 1e-6f};
+      if (c.residual()) nrm.residual = res.f32(), nrm.sum = sum.f32();
+      be.rms_norm(nrm);
+      xin = xn.f32(), xin_stride = k;
+    }
+    be.linear({xin, xin_stride, w.t.data, wdt, y.f32(), ys, m, n, k});
+  }
+  const auto got = get(be, y);
+  std::vector<float> out;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t i = static_cast<size_t>(r * ys + j);
+      out.push_back(!fused && c.add() ? got[i] + in.add[i] : got[i]);
+    }
+  return out;
+}
+
+std::vector<FusedLinearCase> fused_linear_cases() {
+  std::vector<FusedLinearCase> cases;
+  for (int64_t m : {1, 3, 8, 9, 64})  // GEMV to 8 rows, cuBLASLt beyond
+    for (int64_t k : {2048, 1000, 7})
+      for (int variant = 0; variant < 4; ++variant) cases.push_back({m, 300, k, variant});
+  return cases;
+}
+
+TEST(OpsCpu, FusedLinearEqualsNormLinearAdd) {
+  auto& cpu = *backends().cpu;
+  uint64_t seed = 700;
+  for (const FusedLinearCase& c : fused_linear_cases()) {
+    const FusedLinearInputs in = fused_linear_inputs(c, seed += 5);
+    EXPECT_EQ(run_fused_linear(cpu, c, in, true), run_fused_linear(cpu, c, in, false)) << c.str();
+  }
+}
+
+TEST(Parity, LinearWithFusedNormAndAdd) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  uint64_t seed = 800;
+  for (const FusedLinearCase& c : fused_linear_cases()) {
+    const FusedLinearInputs in = fused_linear_inputs(c, seed += 5);
+    EXPECT_LE(norm_err(run_fused_linear(*cpu, c, in, true), run_fused_linear(*gpu, c, in, true)), 1e-4) << c.str();
   }
 }
 
@@ -316,16 +415,8 @@ TEST(Parity, MlaPrepare) {
       if (!std::isnan(want.q[i])) wq.push_back(want.q[i]), gq.push_back(got.q[i]);
     EXPECT_LE(norm_err(wq, gq), 1e-5) << c.str();
     int64_t written = 0;
-    for (size_t i = 0; i < want.pool.size(); ++i) {
-      const float a = want.pool[i], b = got.pool[i];
-      ASSERT_EQ(std::isnan(a), std::isnan(b)) << c.str() << ", pool[" << i << "]";
-      if (std::isnan(a)) continue;
-      ++written;
-      // f32 sums in another order: a few f32 ulps; a bf16 pool may then round the other way (one
-      // bf16 ulp, 2^-7 relative at most).
-      const float tol = c.pool_dtype == DType::BF16 ? std::ldexp(std::fabs(a), -7) : 1e-5f * (1 + std::fabs(a));
-      ASSERT_LE(std::fabs(a - b), tol) << c.str() << ", pool[" << i << "]";
-    }
+    compare_pool(want.pool, got.pool, c.pool_dtype == DType::BF16, c.str(), written);
+    if (HasFatalFailure()) return;
     EXPECT_EQ(written, c.tokens * c.row()) << c.str();
   }
 }

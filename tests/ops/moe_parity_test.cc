@@ -82,6 +82,78 @@ TEST(Parity, RouterWithFusedGate) {
   }
 }
 
+// The router with the post-attention norm fused in: gate logits, choices, weights and the
+// normalised input it writes (the experts' input), fused or as rms_norm then the router.
+struct NormRouterCase {
+  int64_t tokens, experts, hidden;
+  bool residual;
+  std::string str() const {
+    return std::to_string(tokens) + " tokens, " + std::to_string(experts) + " experts, hidden " +
+           std::to_string(hidden) + (residual ? ", residual" : "");
+  }
+};
+
+struct NormRouterOut {
+  std::vector<float> logits, weights, normed;
+  std::vector<int32_t> ids;
+};
+
+NormRouterOut run_norm_router(ops::Backend& be, const NormRouterCase& r, bool fused) {
+  const int64_t T = r.tokens, E = r.experts, H = r.hidden, k = 6;
+  const DType ndt = be.device() == Device::CUDA ? DType::BF16 : DType::F32;
+  auto x = put(be, randn(static_cast<size_t>(T * H), 31)), res = put(be, randn(static_cast<size_t>(T * H), 32));
+  auto nw = put(be, bf16_round(randn(static_cast<size_t>(H), 33)), ndt);
+  auto gate = put(be, randn(static_cast<size_t>(E * H), 34, 0.05f)), bias = put(be, randn(static_cast<size_t>(E), 35));
+  auto logits = poisoned(be, static_cast<size_t>(T * E)), wts = poisoned(be, static_cast<size_t>(T * k));
+  auto normed = poisoned(be, static_cast<size_t>(T * H)), sum = poisoned(be, static_cast<size_t>(T * H));
+  auto ids = be.alloc(DType::I32, {T * k});
+  ops::RouterParams p{nullptr, bias.f32(), ids.t.as<int32_t>(), wts.f32(), T, E, k, 1, 1, true, 2.5f};
+  p.gate_weight = gate.f32(), p.gate_logits = logits.f32(), p.hidden = H;
+  if (fused) {
+    p.x = x.f32(), p.norm_weight = nw.t.data, p.norm_weight_dtype = ndt, p.norm_eps = 1e-6f;
+    p.norm_residual = r.residual ? res.f32() : nullptr, p.normed_x = normed.f32();
+    for (int rep = 0; rep < 2; ++rep) be.router(p);  // twice: the fused launch resets its own state
+  } else {
+    ops::RmsNormParams n{x.f32(), 0, nw.t.data, ndt, normed.f32(), 0, T, H, 1e-6f};
+    if (r.residual) n.residual = res.f32(), n.sum = sum.f32();
+    be.rms_norm(n);
+    p.x = normed.f32();
+    be.router(p);
+  }
+  NormRouterOut o{get(be, logits), get(be, wts), get(be, normed), std::vector<int32_t>(static_cast<size_t>(T * k))};
+  be.download(o.ids.data(), ids.t);
+  return o;
+}
+
+// Fused-launch token counts (1, 5, 8), the chunked gate (9) and the tiled GEMM (300); an odd width
+// (scalar loads).
+const NormRouterCase kNormRouterCases[] = {{1, 64, 2048, true},   {1, 64, 2048, false}, {5, 64, 96, true},
+                                           {8, 64, 2048, true},   {3, 16, 90, true},    {9, 64, 2048, true},
+                                           {300, 64, 2048, true}, {300, 64, 100, false}};
+
+TEST(OpsCpu, RouterWithNormEqualsNormThenRouter) {
+  auto& cpu = *backends().cpu;
+  for (const NormRouterCase& r : kNormRouterCases) {
+    const NormRouterOut fused = run_norm_router(cpu, r, true), ops = run_norm_router(cpu, r, false);
+    EXPECT_EQ(fused.normed, ops.normed) << r.str();
+    EXPECT_EQ(fused.logits, ops.logits) << r.str();
+    EXPECT_EQ(fused.ids, ops.ids) << r.str();
+    EXPECT_EQ(fused.weights, ops.weights) << r.str();
+  }
+}
+
+TEST(Parity, RouterWithFusedNorm) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  for (const NormRouterCase& r : kNormRouterCases) {
+    const NormRouterOut want = run_norm_router(*cpu, r, true), got = run_norm_router(*gpu, r, true);
+    EXPECT_LE(norm_err(want.normed, got.normed), 1e-5) << r.str();
+    EXPECT_LE(norm_err(want.logits, got.logits), 1e-5) << r.str();
+    EXPECT_EQ(want.ids, got.ids) << r.str();
+    EXPECT_LE(norm_err(want.weights, got.weights), 1e-5) << r.str();
+  }
+}
+
 enum class MoeRouting { Random, FewExperts, OneHot };
 
 struct MoeShape {
@@ -150,6 +222,11 @@ TEST(Parity, MoeExperts) {
   for (int64_t T : {1, 4, 37}) shapes.push_back({T, 96, 40, 8, 2, MoeRouting::Random, 80});
   for (int64_t T : {1, 3, 6}) shapes.push_back({T, 90, 36, 6, 2, MoeRouting::Random, 36});
   shapes.push_back({1, 7168, 2048, 8, 8, MoeRouting::Random, 2048});
+  // Prefill-sized steps on the cuBLASLt per-expert path (>= 1024 tokens, widths multiples of 64):
+  // random, few experts (most get none) and one expert in every token's slot 0; Moonlight widths.
+  for (auto r : {MoeRouting::Random, MoeRouting::FewExperts, MoeRouting::OneHot})
+    shapes.push_back({1100, 256, 128, 16, 4, r, 256});
+  shapes.push_back({2048, 2048, 1408, 64, 6, MoeRouting::Random, 2816});
   uint64_t seed = 100;
   for (const MoeShape& s : shapes) {
     ++seed;
@@ -187,6 +264,64 @@ TEST(Parity, MoeExperts) {
     EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << what;
     // The expert sort lands rows in a run-dependent order; results must not depend on it.
     EXPECT_EQ(0, std::memcmp(out[1].data(), out[2].data(), out[1].size() * sizeof(float))) << what;
+  }
+}
+
+// The residual add fused into the experts' output (out = experts + add), fused or added after.
+std::vector<float> run_moe_add(ops::Backend& be, const MoeShape& s, uint64_t seed, bool fused) {
+  const auto ids = moe_routing(s, seed);
+  std::vector<float> tw(ids.size());
+  for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
+  const auto add = randn(static_cast<size_t>(s.tokens * s.hidden), seed + 3);
+  auto tx = put(be, randn(static_cast<size_t>(s.tokens * s.hidden), seed));
+  auto tg =
+      put(be, bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f)), DType::BF16);
+  auto td =
+      put(be, bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f)), DType::BF16);
+  auto ti = put_raw(be, ids, DType::I32), tww = put(be, tw), ta = put(be, add);
+  auto to = poisoned(be, static_cast<size_t>(s.tokens * s.hidden));
+  ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
+                   to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
+  OwnedTensor tsgu, tsd;
+  if (s.shared_inter > 0) {
+    tsgu =
+        put(be, bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f)), DType::BF16);
+    tsd = put(be, bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f)), DType::BF16);
+    p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
+  }
+  if (fused) p.add = ta.f32();
+  be.moe(p);
+  auto out = get(be, to);
+  if (!fused)
+    for (size_t i = 0; i < out.size(); ++i) out[i] += add[i];
+  return out;
+}
+
+// Decode GEMVs (1, 8 tokens), the grouped path (64) and the cuBLASLt one (1100), with and without
+// shared experts.
+const MoeShape kMoeAddShapes[] = {
+    {1, 1024, 256, 16, 6, MoeRouting::Random, 512},  {8, 1024, 256, 16, 6, MoeRouting::Random, 512},
+    {64, 1024, 256, 16, 6, MoeRouting::Random, 512}, {1, 96, 40, 8, 2},
+    {8, 90, 36, 6, 2, MoeRouting::Random, 36},       {64, 96, 40, 8, 2},
+    {1100, 256, 128, 16, 4, MoeRouting::Random, 256}};  // the cuBLASLt path
+
+TEST(OpsCpu, MoeWithAddEqualsMoeThenAdd) {
+  auto& cpu = *backends().cpu;
+  uint64_t seed = 900;
+  for (const MoeShape& s : kMoeAddShapes) {
+    seed += 17;
+    EXPECT_EQ(run_moe_add(cpu, s, seed, true), run_moe_add(cpu, s, seed, false)) << s.tokens << " tokens";
+  }
+}
+
+TEST(Parity, MoeWithAdd) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  uint64_t seed = 900;
+  for (const MoeShape& s : kMoeAddShapes) {
+    seed += 17;
+    EXPECT_LE(norm_err(run_moe_add(*cpu, s, seed, true), run_moe_add(*gpu, s, seed, true)), 1e-4)
+        << s.tokens << " tokens, hidden " << s.hidden << ", shared " << s.shared_inter;
   }
 }
 

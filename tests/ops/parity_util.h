@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops/backend.h"
@@ -81,6 +82,21 @@ inline double norm_err(const std::vector<float>& ref, const std::vector<float>& 
     den = std::max(den, std::fabs(static_cast<double>(ref[i])));
   }
   return num / std::max(den, 1e-12);
+}
+
+// A latent pool after an op wrote some of its rows into NaN poison: the same values are written on
+// both backends (counted into `written`), each within a few f32 ulps, or one bf16 ulp (2^-7
+// relative) when the pool is bf16 (f32 sums in another order may round the other way).
+inline void compare_pool(const std::vector<float>& want, const std::vector<float>& got, bool bf16,
+                         const std::string& what, int64_t& written) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float a = want[i], b = got[i];
+    ASSERT_EQ(std::isnan(a), std::isnan(b)) << what << ", pool[" << i << "]";
+    if (std::isnan(a)) continue;
+    ++written;
+    const float tol = bf16 ? std::ldexp(std::fabs(a), -7) : 1e-5f * (1 + std::fabs(a));
+    ASSERT_LE(std::fabs(a - b), tol) << what << ", pool[" << i << "]";
+  }
 }
 
 }  // namespace kiln::test

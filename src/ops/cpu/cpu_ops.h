@@ -21,7 +21,7 @@ void mla_expanded(const MlaExpandedParams& p);
 void mla_absorbed(const MlaAbsorbedParams& p);
 void kv_scatter(const KvScatterParams& p);
 void kv_gather(const KvGatherParams& p);
-// Composes copy, rope, rms_norm and kv_scatter: bit for bit the sequence it replaces.
+// Composes (linear_heads,) copy, rope, rms_norm and kv_scatter: bit for bit the sequence it replaces.
 void mla_prepare(const MlaPrepareParams& p);
 void router(const RouterParams& p);
 void moe(const MoeParams& p);

@@ -10,7 +10,8 @@
 namespace kiln::ops::cpu {
 
 void copy(const CopyParams& p) {
-  for (int64_t r = 0; r < p.rows; ++r) std::copy_n(p.src + r * p.src_stride, p.cols, p.dst + r * p.dst_stride);
+  const int64_t rep = p.src_repeat > 1 ? p.src_repeat : 1;
+  for (int64_t r = 0; r < p.rows; ++r) std::copy_n(p.src + r / rep * p.src_stride, p.cols, p.dst + r * p.dst_stride);
 }
 
 static uint64_t mix64(uint64_t x) {

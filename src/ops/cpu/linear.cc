@@ -1,4 +1,5 @@
-// y = x · wᵀ through OpenBLAS; non-f32 weights are widened in row panels first.
+// y = x · wᵀ through OpenBLAS; non-f32 weights are widened in row panels first. A fused input
+// norm and addend are composed from rms_norm, the GEMM and an add: the reference semantics.
 #include <cblas.h>
 
 #include <algorithm>
@@ -7,9 +8,9 @@
 #include "ops/cpu/cpu_ops.h"
 
 namespace kiln::ops::cpu {
+namespace {
 
-void linear(const LinearParams& p) {
-  if (p.m == 0 || p.n == 0) return;
+void gemm(const LinearParams& p) {
   const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
   if (p.w_dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(p.m), static_cast<int>(p.n),
@@ -29,6 +30,30 @@ void linear(const LinearParams& p) {
                 static_cast<int>(p.k), 1.0f, p.x, static_cast<int>(xs), wf.data(), static_cast<int>(p.k), 0.0f,
                 p.y + n0, static_cast<int>(ys));
   }
+}
+
+}  // namespace
+
+void linear(const LinearParams& p) {
+  if (p.m == 0 || p.n == 0) return;
+  const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
+  if (p.norm_weight) {  // normalise into a contiguous temporary, then the plain GEMM
+    std::vector<float> xn(static_cast<size_t>(p.m * p.k)), sum;
+    RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, xn.data(), p.k, p.m, p.k, p.norm_eps};
+    if (p.norm_residual) {
+      sum.resize(static_cast<size_t>(p.m * xs));
+      n.residual = p.norm_residual, n.sum = sum.data();
+    }
+    rms_norm(n);
+    LinearParams q = p;
+    q.x = xn.data(), q.x_stride = p.k;
+    gemm(q);
+  } else {
+    gemm(p);
+  }
+  if (p.add)
+    for (int64_t r = 0; r < p.m; ++r)
+      for (int64_t c = 0; c < p.n; ++c) p.y[r * ys + c] += p.add[r * ys + c];
 }
 
 void linear_heads(const LinearHeadsParams& p) {

@@ -152,6 +152,9 @@ void kv_gather(const KvGatherParams& p) {
 
 void mla_prepare(const MlaPrepareParams& p) {
   const int64_t T = p.num_tokens, row = p.kv_lora + p.rope_dim;
+  if (p.w_uk)  // the W_uk fold: the very linear_heads call it stands for
+    linear_heads({p.q_nope, p.q_in_stride, p.q_in_head_stride, p.w_uk, p.kv_lora * p.nope_dim, p.w_uk_dtype, p.q_lat,
+                  p.q_out_stride, p.q_out_head_stride, p.num_heads, T, p.kv_lora, p.nope_dim});
   if (p.q_out != p.q_in)
     for (int64_t t = 0; t < T; ++t)
       copy({p.q_in + t * p.q_in_stride, p.q_in_head_stride, p.q_out + t * p.q_out_stride, p.q_out_head_stride,

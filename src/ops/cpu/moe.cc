@@ -29,6 +29,17 @@ void router(const RouterParams& p_in) {
   if (p.x) {  // the fused gate projection: logits first, then the same routing
     KILN_CHECK(p.gate_weight && p.gate_logits && p.hidden > 0,
                "router: a fused gate needs its weight, output and width");
+    if (p.norm_weight) {  // the input norm first, into normed_x: the gate reads that
+      KILN_CHECK(p.normed_x, "router: a fused input norm needs its output");
+      std::vector<float> sum;
+      RmsNormParams n{p.x, 0, p.norm_weight, p.norm_weight_dtype, p.normed_x, 0, p.num_tokens, p.hidden, p.norm_eps};
+      if (p.norm_residual) {
+        sum.resize(static_cast<size_t>(p.num_tokens * p.hidden));
+        n.residual = p.norm_residual, n.sum = sum.data();
+      }
+      rms_norm(n);
+      p.x = p.normed_x;
+    }
     linear({p.x, 0, p.gate_weight, DType::F32, p.gate_logits, 0, p.num_tokens, p.num_experts, p.hidden});
     p.logits = p.gate_logits;
   }
@@ -109,6 +120,8 @@ void moe(const MoeParams& p) {
     linear({act.data(), 0, p.w_shared_down, p.w_dtype, y.data(), 0, T, H, S});
     for (int64_t i = 0; i < T * H; ++i) p.out[i] += y[static_cast<size_t>(i)];
   }
+  if (p.add)
+    for (int64_t i = 0; i < p.num_tokens * H; ++i) p.out[i] += p.add[i];
 }
 
 }  // namespace kiln::ops::cpu

@@ -148,8 +148,9 @@ class CudaBackend final : public Backend {
     return {
         {"linear",
          "<=8 rows: kiln bf16 GEMV (f32 activations, 4 loads in flight per lane, weights prefetched to "
-         "L2 before the previous kernel ends); more: " +
-             gemm_.name()},
+         "L2 before the previous kernel ends; residual addend fused; the layer's input RMSNorm fused at <=" +
+             std::to_string(cuda::gemv_norm_max_rows()) + " rows, else its own kernel first); more: " + gemm_.name() +
+             " (a fused RMSNorm runs first as its own kernel)"},
         {"linear_heads", "<=8 rows: the same GEMV over all heads in one launch; more: one batched cuBLASLt GEMM"},
         {"mla prefill",
          "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
@@ -161,13 +162,19 @@ class CudaBackend final : public Backend {
          "tiles + a merge kernel"},
         {"mla_prepare",
          "kiln fused attention prologue, one launch: a CTA per token ropes every q head and writes its "
-         "latent row (RMSNorm c_kv, rope k_pe) to the pool"},
+         "latent row (RMSNorm c_kv, rope k_pe) to the pool; absorbed form: the W_uk fold in the same launch at "
+         "<=8 tokens (more CTAs, a bf16 GEMV with 16-byte loads over every head), more tokens: the batched "
+         "GEMM first"},
         {"router",
-         "kiln gate projection + sigmoid + bias + grouped top-k: <=8 tokens one launch (last CTA routes); more: "
-         "a gate GEMV/GEMM, then a warp per token"},
+         "kiln gate projection + sigmoid + bias + grouped top-k: <=8 tokens one launch with the post-attention "
+         "RMSNorm fused in (last CTA routes); more: RMSNorm, a gate GEMV/GEMM, then a warp per token"},
         {"moe", "<=" + std::to_string(cuda::moe_gemv_max_tokens()) +
                     " tokens: kiln decode GEMVs, routed + shared experts in two launches; more: device-sorted grouped "
-                    "mma.sync GEMMs (gate/up + SwiGLU, down; hi/lo f32 activations), shared experts via cuBLASLt"},
+                    "mma.sync GEMMs (gate/up + SwiGLU, down; hi/lo f32 activations; 16-row tiles on the skinny "
+                    "kernel: 512-byte weight rows per stage, k split over warps), shared experts via cuBLASLt; "
+                    "uncaptured steps of >=" +
+                    std::to_string(cuda::moe_cublas_min_tokens()) +
+                    " tokens: one cuBLASLt GEMM per expert on 4 side streams (expert sizes read back per layer)"},
         {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},
         {"norm/rope/etc", "kiln elementwise kernels (f32 activations, float4 RMSNorm)"},
         {"launches", "every decode kernel" + pdl}};
@@ -214,7 +221,7 @@ class CudaBackend final : public Backend {
     run("kv_gather", [&] { cuda::kv_gather(p, stream_); });
   }
   void mla_prepare(const MlaPrepareParams& p) override {
-    run("mla_prepare", [&] { cuda::mla_prepare(p, stream_); });
+    run("mla_prepare", [&] { cuda::mla_prepare(p, gemm_, stream_); });
   }
   void router(const RouterParams& p) override {
     run("router", [&] { cuda::router(p, stream_); });

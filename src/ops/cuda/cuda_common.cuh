@@ -48,6 +48,17 @@ __device__ __forceinline__ void store_kv(void* pool, int64_t i, float v, bool bf
     static_cast<float*>(pool)[i] = v;
 }
 
+// The 8 bf16 values of one 16-byte load, widened to f32.
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&out)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    out[2 * j] = f.x;
+    out[2 * j + 1] = f.y;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -18,8 +18,6 @@ void swiglu(const SwigluParams& p, cudaStream_t s);
 void rope(const RopeParams& p, cudaStream_t s);
 void kv_scatter(const KvScatterParams& p, cudaStream_t s);
 void kv_gather(const KvGatherParams& p, cudaStream_t s);
-// The attention prologue (mla/mla_prepare.cu): one CTA per token, graph-capturable.
-void mla_prepare(const MlaPrepareParams& p, cudaStream_t s);
 void log_softmax(const LogSoftmaxParams& p, cudaStream_t s);
 // Token choice per row (sampling.cu): one CTA per row, graph-capturable.
 void sample(const SampleParams& p, cudaStream_t s);
@@ -34,6 +32,16 @@ class Gemm {
   ~Gemm();
   void linear(const LinearParams& p, cudaStream_t s);
   void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
+  // Independent GEMMs of one shape but their row counts, y_g = x_g · w_gᵀ: w_g [n, k] bf16
+  // row-major, x_g [rows_g, k] bf16 rows ldx apart, y_g [rows_g, n] f32 rows ldy apart. They run
+  // on side streams, ordered after everything already on `s` and before anything queued after.
+  struct Group {
+    const void* w;
+    const void* x;
+    int64_t rows;
+    float* y;
+  };
+  void grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s);
   std::string name() const { return "cuBLASLt bf16 with hi/lo-split f32 activations (f32 accumulate)"; }
 
  private:
@@ -41,6 +49,9 @@ class Gemm {
   Impl* impl_;
 };
 
+// The attention prologue (mla/mla_prepare.cu): one CTA per token (plus the fold's CTAs),
+// graph-capturable; the W_uk fold runs in the same launch at <= 8 tokens, else through `gemm` first.
+void mla_prepare(const MlaPrepareParams& p, Gemm& gemm, cudaStream_t s);
 void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s);
 void mla_expanded(const MlaExpandedParams& p, cudaStream_t s);
 // Routing; with a fused gate (p.x set) <= 8 tokens run gate + routing in one launch.
@@ -52,5 +63,9 @@ void router(const RouterParams& p, cudaStream_t s);
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 // Largest token count the MoE runs as decode GEMVs (KILN_MOE_GEMV_MAX_TOKENS, default 8).
 int64_t moe_gemv_max_tokens();
+// Smallest uncaptured step (tokens) whose experts run as cuBLASLt GEMMs (KILN_MOE_CUBLAS_MIN_TOKENS, 1024).
+int64_t moe_cublas_min_tokens();
+// Most rows whose input RMSNorm runs inside the decode GEMV (KILN_GEMV_NORM_MAX_ROWS, default 2).
+int64_t gemv_norm_max_rows();
 
 }  // namespace kiln::ops::cuda

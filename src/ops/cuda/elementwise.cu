@@ -10,8 +10,8 @@ namespace {
 __global__ void copy_kernel(CopyParams p) {
   pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
   pdl_trigger();
-  const int64_t r = blockIdx.x;
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) p.dst[r * p.dst_stride + c] = p.src[r * p.src_stride + c];
+  const int64_t r = blockIdx.x, rs = r / (p.src_repeat > 1 ? p.src_repeat : 1);
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) p.dst[r * p.dst_stride + c] = p.src[rs * p.src_stride + c];
 }
 
 __global__ void embedding_kernel(EmbeddingParams p, bool bf16) {

@@ -11,19 +11,16 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "ops/cuda/env.h"
 
 #include "ops/cuda/cuda_common.cuh"
 
 namespace kiln::ops::cuda {
 
 inline bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_int("KILN_PDL", 1) != 0;
   return on;
 }
 

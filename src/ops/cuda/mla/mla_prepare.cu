@@ -2,7 +2,12 @@
 // query head and writes the token's latent row (RMS-normalised c_kv ‖ roped k_pe) into its pool
 // slot. A decode step's tokens are few and these ops tiny, so launches, not bytes, were the cost of
 // the five kernels this replaces. The arithmetic is the rope / rms_norm / kv_scatter kernels' own
-// (rope_math.h, cuda_common.cuh). No scratch, no host sync: graph-capturable.
+// (rope_math.h, cuda_common.cuh). With the W_uk fold at <= 8 tokens, more CTAs of the same grid
+// run it as a GEMV over W_uk (a decode step's tokens all share each weight row read), so the
+// absorbed form's prologue is a single launch; more tokens fold through the batched GEMM first.
+// No host sync, no scratch beyond the GEMM's own: graph-capturable.
+#include <cstdint>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/pdl.cuh"
@@ -11,11 +16,95 @@
 namespace kiln::ops::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int64_t kFoldMaxTokens = 8;  // more tokens fold through the batched GEMM (Gemm::linear_heads)
 
-__global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams p) {
+// Lanes that share one W_uk row: enough for one 8-value chunk each (a power of two, at most 32),
+// so nope 128 puts two rows in a warp and every lane issues one 16-byte load.
+int fold_lanes(int64_t nope) {
+  int lanes = 1;
+  while (lanes < 32 && lanes * 8 < nope) lanes *= 2;
+  return lanes;
+}
+
+__device__ __forceinline__ bool aligned16(const void* ptr) {
+  return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0;
+}
+
+// acc[t] += the 8 bf16 weights in v · x[t * x_stride + col, +8) for t < tokens.
+__device__ __forceinline__ void fold_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col,
+                                                int tokens, float (&acc)[kFoldMaxTokens]) {
+  float wf[8];
+  bf16x8_to_f32(v, wf);
+#pragma unroll
+  for (int t = 0; t < kFoldMaxTokens; ++t) {
+    if (t >= tokens) break;
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
+    acc[t] +=
+        wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+  }
+}
+
+// The W_uk fold's share of the grid: CTA `cta` owns rows [row0, row0 + kWarps * 32 / lanes) of
+// W_uk seen as [num_heads * kv_lora, nope] (row g = head g / kv_lora, latent column g % kv_lora; one
+// contiguous span), `lanes` lanes a row, and dots each row with all num_tokens (<= 8) q_nope rows.
+__device__ void fold_rows(const MlaPrepareParams& p, int64_t cta, int lanes) {
+  const bool bf16 = p.w_uk_dtype == DType::BF16;
+  const int64_t esz = bf16 ? 2 : 4, per_warp = 32 / lanes, total = p.num_heads * p.kv_lora;
+  const int64_t row0 = cta * kWarps * per_warp;
+  if (threadIdx.x == 0) {  // weights are constant: start pulling this CTA's span before the wait
+    const char* span = static_cast<const char*>(p.w_uk) + row0 * p.nope_dim * esz;
+    const int64_t bytes = min(kWarps * per_warp, total - row0) * p.nope_dim * esz;
+    if (aligned16(span) && bytes % 16 == 0) prefetch_l2(span, static_cast<uint32_t>(bytes));
+  }
+  pdl_wait();  // q_nope is the previous kernel's output, and nothing may be written before this
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, sub = lane % lanes;
+  const int64_t g = row0 + (threadIdx.x >> 5) * per_warp + lane / lanes;
+  const bool valid = g < total;
+  const int64_t h = valid ? g / p.kv_lora : 0, c = g - h * p.kv_lora;
+  const int tokens = static_cast<int>(p.num_tokens);
+  const float* x = p.q_nope + h * p.q_in_head_stride;  // token t's q_nope of head h at x + t * q_in_stride
+  float acc[kFoldMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kFoldMaxTokens; ++t) acc[t] = 0.0f;
+  // 16-byte loads need 8-value chunks of bf16 weights and float4-aligned q_nope rows; the rest
+  // (f32 weights in tests, odd shapes) reads scalars.
+  const bool vec = bf16 && p.nope_dim % 8 == 0 && aligned16(p.w_uk) && aligned16(p.q_nope) && p.q_in_stride % 4 == 0 &&
+                   p.q_in_head_stride % 4 == 0;
+  if (valid && vec) {
+    const uint4* w4 = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w_uk) + g * p.nope_dim);
+    for (int64_t i = sub; i < p.nope_dim / 8; i += lanes)
+      fold_accumulate(__ldcs(w4 + i), x, p.q_in_stride, i * 8, tokens, acc);  // streamed once: keep L2 for q
+  } else if (valid) {
+    for (int64_t i = sub; i < p.nope_dim; i += lanes) {
+      const float wv = load_w(p.w_uk, g * p.nope_dim + i, bf16);
+#pragma unroll
+      for (int t = 0; t < kFoldMaxTokens; ++t)
+        if (t < tokens) acc[t] += wv * x[t * p.q_in_stride + i];
+    }
+  }
+  // Each row's `lanes` lanes are aligned in the warp: xor shuffles below `lanes` stay inside it.
+  // Every lane shuffles (invalid rows hold zeros), so the full mask is exact.
+#pragma unroll
+  for (int t = 0; t < kFoldMaxTokens; ++t) {
+    if (t >= tokens) break;
+    float v = acc[t];
+    for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (valid && sub == 0) p.q_lat[t * p.q_out_stride + h * p.q_out_head_stride + c] = v;
+  }
+}
+
+// Blocks [0, num_tokens): one token's prologue each. Blocks beyond (only with the fold at <= 8
+// tokens): fold_rows, `lanes` lanes a W_uk row.
+__global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams p, int lanes) {
   extern __shared__ RopeCosSin rot_s[];  // [rope_dim / 2]: this token's rotation of each pair
   __shared__ float red[32];
+  if (blockIdx.x >= p.num_tokens) {  // uniform per CTA: no barrier below is split
+    fold_rows(p, blockIdx.x - p.num_tokens, lanes);
+    return;
+  }
   pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
   pdl_trigger();
   const int64_t t = blockIdx.x, half = p.rope_dim / 2;
@@ -54,13 +143,33 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
 
 }  // namespace
 
-void mla_prepare(const MlaPrepareParams& p, cudaStream_t s) {
-  KILN_REQUIRE(p.pool_dtype == DType::F32 || p.pool_dtype == DType::BF16,
-               std::string("mla_prepare: unsupported pool dtype ") + dtype_name(p.pool_dtype));
-  KILN_REQUIRE(p.rope_dim % 2 == 0, "mla_prepare: rope_dim " + std::to_string(p.rope_dim) + " is odd");
-  if (p.num_tokens == 0) return;
+void mla_prepare(const MlaPrepareParams& p_in, Gemm& gemm, cudaStream_t s) {
+  KILN_REQUIRE(p_in.pool_dtype == DType::F32 || p_in.pool_dtype == DType::BF16,
+               std::string("mla_prepare: unsupported pool dtype ") + dtype_name(p_in.pool_dtype));
+  KILN_REQUIRE(p_in.rope_dim % 2 == 0, "mla_prepare: rope_dim " + std::to_string(p_in.rope_dim) + " is odd");
+  if (p_in.num_tokens == 0) return;
+  MlaPrepareParams p = p_in;
+  int64_t fold_ctas = 0;
+  int lanes = 1;
+  if (p.w_uk) {
+    KILN_REQUIRE(p.w_uk_dtype == DType::BF16 || p.w_uk_dtype == DType::F32,
+                 std::string("mla_prepare: unsupported w_uk dtype ") + dtype_name(p.w_uk_dtype));
+    KILN_REQUIRE(p.q_nope && p.q_lat && p.nope_dim > 0, "mla_prepare: the W_uk fold needs q_nope, q_lat and nope_dim");
+    if (p.num_tokens > kFoldMaxTokens) {  // prefill-sized: tensor cores, then the prologue alone
+      gemm.linear_heads(
+          {p.q_nope, p.q_in_stride, p.q_in_head_stride, p.w_uk, p.kv_lora * p.nope_dim, p.w_uk_dtype, p.q_lat,
+           p.q_out_stride, p.q_out_head_stride, p.num_heads, p.num_tokens, p.kv_lora, p.nope_dim},
+          s);
+      p.w_uk = nullptr;
+    } else {
+      lanes = fold_lanes(p.nope_dim);
+      const int64_t rows_per_cta = kWarps * (32 / lanes);
+      fold_ctas = (p.num_heads * p.kv_lora + rows_per_cta - 1) / rows_per_cta;
+    }
+  }
   const size_t smem = sizeof(RopeCosSin) * static_cast<size_t>(p.rope_dim / 2);
-  launch_pdl(mla_prepare_kernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(kThreads), smem, s, p);
+  launch_pdl(mla_prepare_kernel, dim3(static_cast<unsigned>(p.num_tokens + fold_ctas)), dim3(kThreads), smem, s, p,
+             lanes);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 

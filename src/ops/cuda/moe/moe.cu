@@ -1,11 +1,13 @@
-// Routed (and shared) experts on the GPU, all on the device (no host round trip, graph-capturable;
-// launch configs depend only on T, k, E, hidden and inter).
+// Routed (and shared) experts on the GPU.
 //  - Few tokens (decode): moe_decode.cu, two GEMV launches for routed and shared experts.
 //  - More: slots sorted by expert into M-tile-aligned groups on the device (moe_align.cu), then two
 //    grouped tensor-core GEMMs (moe_grouped_gemm.cu): gate/up with SwiGLU fused, then down; each
-//    expert's weights are read once per column block, however many tokens chose it. The shared
-//    experts run as one dense MLP and join in the deterministic combine:
-//    out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t], j in order.
+//    expert's weights are read once per column block, however many tokens chose it. No host round
+//    trip, so captured decode steps of any batch take this path.
+//  - Prefill-sized batches outside a capture: one cuBLASLt GEMM per expert (moe_cublas.cu), the
+//    expert sizes read back to the host once per layer.
+// The shared experts run as one dense MLP (or inside the decode GEMVs) and join in the
+// deterministic combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order.
 // Weights must be bf16 (the CUDA backend's weight dtype).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -14,18 +16,22 @@
 namespace kiln::ops::cuda {
 namespace {
 
-// out[t, h] = Σ_j w[t, j] · y[row_of[t * k + j], h] (+ extra[t, h]), j in order (row -1: a dropped
-// slot whose expert id was out of range).
-__global__ void combine_kernel(const float* y, const int32_t* row_of, const float* w, int64_t top_k, int64_t hidden,
-                               const float* extra, float* out) {
+// moe_detail::combine (moe_internal.cuh); row -1 is a dropped slot whose expert id was out of range.
+__global__ void combine_kernel(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w,
+                               int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out) {
   const int64_t t = blockIdx.x;
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = 0; j < top_k; ++j) {
       const int64_t row = row_of[t * top_k + j];
-      if (row >= 0) acc += w[t * top_k + j] * y[row * hidden + h];
+      if (row < 0) continue;
+      float v = y[row * hidden + h];
+      if (row_lo) v += y[static_cast<int64_t>(row_lo[t * top_k + j]) * hidden + h];
+      acc += w[t * top_k + j] * v;
     }
-    out[t * hidden + h] = extra ? acc + extra[t * hidden + h] : acc;
+    if (extra) acc += extra[t * hidden + h];
+    if (add) acc += add[t * hidden + h];
+    out[t * hidden + h] = acc;
   }
 }
 
@@ -49,17 +55,6 @@ int64_t choose_bm(int64_t slots, int64_t experts) {
   // A 128-row tile (4 x 2 warps) measured no faster than 64 rows on 8k-token prefills (H200).
   const int64_t per_expert = (slots + experts - 1) / experts;
   return per_expert <= 24 ? 16 : per_expert <= 64 ? 32 : 64;
-}
-
-// The shared experts of a prefill-sized batch as one dense SwiGLU MLP: [T, H] into `out`.
-void shared_mlp(const MoeParams& p, Gemm& gemm, float* out, cudaStream_t s) {
-  static GrowOnlyScratch gu_buf, act_buf;
-  const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden;
-  float* gu = gu_buf.get<float>(static_cast<size_t>(T * 2 * S));
-  float* act = act_buf.get<float>(static_cast<size_t>(T * S));
-  gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
-  swiglu({gu, act, T, S}, s);
-  gemm.linear({act, 0, p.w_shared_down, p.w_dtype, out, 0, T, H, S}, s);
 }
 
 void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
@@ -87,10 +82,27 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
     shared = shared_buf.get<float>(static_cast<size_t>(T * H));
     shared_mlp(p, gemm, shared, s);
   }
-  combine_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(y, layout.row_of, p.topk_weights, k, H, shared, p.out);
+  moe_detail::combine(y, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
 }
 
 }  // namespace
+
+void moe_detail::shared_mlp(const MoeParams& p, Gemm& gemm, float* out, cudaStream_t s) {
+  static GrowOnlyScratch gu_buf, act_buf;
+  const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden;
+  float* gu = gu_buf.get<float>(static_cast<size_t>(T * 2 * S));
+  float* act = act_buf.get<float>(static_cast<size_t>(T * S));
+  gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
+  swiglu({gu, act, T, S}, s);
+  gemm.linear({act, 0, p.w_shared_down, p.w_dtype, out, 0, T, H, S}, s);
+}
+
+void moe_detail::combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T,
+                         int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out,
+                         cudaStream_t s) {
+  if (T > 0)
+    combine_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
+}
 
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   if (p.num_tokens == 0) return;
@@ -100,6 +112,8 @@ void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   KILN_REQUIRE(p.shared_inter == 0 || (p.w_shared_gate_up && p.w_shared_down), "moe: shared experts need both weights");
   if (p.num_tokens <= moe_gemv_max_tokens())
     moe_detail::moe_decode(p, s);
+  else if (moe_detail::moe_cublas_eligible(p, s))
+    moe_detail::moe_cublas(p, gemm, s);
   else
     moe_grouped(p, gemm, s);
   KILN_CUDA_CHECK(cudaGetLastError());

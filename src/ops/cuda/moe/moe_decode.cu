@@ -15,6 +15,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/env.h"
 #include "ops/cuda/moe/moe_internal.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -35,8 +36,9 @@ struct DecodeArgs {
   const __nv_bfloat16* s_gate_up;  // [2S, H] (S = 0: no shared experts)
   const __nv_bfloat16* s_down;     // [H, S]
   int64_t S;
-  float* act;  // [T * k, I] routed activations, then [T, S] shared
-  float* out;  // [T, H]
+  float* act;        // [T * k, I] routed activations, then [T, S] shared
+  float* out;        // [T, H]
+  const float* add;  // [T, H] added to out (null: none)
 };
 
 __device__ __forceinline__ void fma8(const uint4& w, const float* x, float& acc) {
@@ -225,7 +227,7 @@ __global__ void __launch_bounds__(kWarps * 32) down_combine_kernel(DecodeArgs a,
     }
   }
   acc = warp_sum(acc);
-  if (lane == 0) a.out[t * a.H + h] = acc;
+  if (lane == 0) a.out[t * a.H + h] = a.add ? acc + a.add[t * a.H + h] : acc;
 }
 
 bool aligned16(const void* p) {
@@ -251,7 +253,8 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
                static_cast<const __nv_bfloat16*>(p.w_shared_down),
                S,
                act_buf.get<float>(static_cast<size_t>(T * k * I + T * S)),
-               p.out};
+               p.out,
+               p.add};
   // 16-byte loads need every row start aligned: widths that are multiples of 8 on aligned bases.
   const bool vec_gu =
       H % 8 == 0 && aligned16(p.x) && aligned16(p.w_gate_up) && (S == 0 || aligned16(p.w_shared_gate_up));
@@ -275,10 +278,7 @@ int64_t moe_gemv_max_tokens() {
   // ms in the grouped GEMMs, 16 tokens 16.1 ms here and 14.5 there. Past ~8 the GEMVs pull too
   // many same-expert rows through L2 (one per slot); the grouped GEMMs read each expert once.
   // KILN_MOE_GEMV_MAX_TOKENS overrides it (to measure the crossover on other GPUs).
-  static const int64_t v = [] {
-    const char* e = std::getenv("KILN_MOE_GEMV_MAX_TOKENS");
-    return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{8};
-  }();
+  static const int64_t v = env_int("KILN_MOE_GEMV_MAX_TOKENS", 8, 0);
   return v;
 }
 

@@ -11,6 +11,7 @@
 // Ragged edges: A rows of padding slots, weight rows past N and k past K load as zeros (cp.async
 // zero-fill); weights whose K is not a multiple of 8 (odd test sizes only) take a scalar load path.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/env.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/moe_internal.cuh"
 
@@ -35,27 +36,18 @@ struct KernelArgs {
   float* y;  // down out: [rows, n]
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
 // Element offset of 16-byte chunk `ch` (0..7) of shared row `r`: chunks XOR-swizzled by row.
 __device__ __forceinline__ int swz(int r, int ch) {
   return r * kBK + ((ch ^ (r & 7)) << 3);
+}
+
+// Element offset of padded row r's A row inside one part: gate/up gathers the token of its slot
+// (-1: a padding row, loaded as zeros); down reads its own row.
+template <bool kGateUp>
+__device__ __forceinline__ int64_t a_row_offset(const KernelArgs& p, int64_t r) {
+  if (!kGateUp) return r * p.lda;
+  const int32_t slot = p.sorted_slot[r];
+  return slot < 0 ? -1 : (slot / p.top_k) * p.lda;
 }
 
 template <int BM, int WM, int WN>
@@ -81,14 +73,7 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WN, wn = warp % WN;
   const int64_t row0 = tile * BM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kGateCols : kBRows);
-  for (int r = tid; r < BM; r += kThreads) {
-    if (kGateUp) {
-      const int32_t slot = p.sorted_slot[row0 + r];
-      a_off[r] = slot < 0 ? -1 : (slot / p.top_k) * p.lda;
-    } else {
-      a_off[r] = (row0 + r) * p.lda;
-    }
-  }
+  for (int r = tid; r < BM; r += kThreads) a_off[r] = a_row_offset<kGateUp>(p, row0 + r);
   __syncthreads();
   const __nv_bfloat16* w_e = p.w + static_cast<int64_t>(e) * p.w_rows * p.K;
   // Weight row of shared B row rr, or -1 past N.
@@ -240,6 +225,150 @@ void launch(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
   kernel<<<grid, Tile<BM, WM, WN>::kThreads, kSmem, s>>>(args);
 }
 
+// Decode batches (16-row M tiles) stream the weights: the kernel above reads each weight row 128
+// bytes per pipeline stage, and with ~30k such row streams in flight DRAM pages rarely serve more
+// than one request (~2 TB/s on H200 at 64 tokens). The skinny variant reads 512 contiguous bytes
+// of each of 32 weight rows per stage (kSkBK = 256 columns) and splits each stage's k range over
+// its 4 warps (64 columns each); the warps' partial sums meet in shared memory at the end.
+constexpr int kSkBK = 256, kSkRows = 32, kSkWarps = 4, kSkStages = 3, kSkBM = 16;
+constexpr int kSkAElems = kSkBM * kSkBK, kSkStageElems = 2 * kSkAElems + kSkRows * kSkBK;
+constexpr size_t kSkSmem = kSkStages * kSkStageElems * sizeof(__nv_bfloat16);  // 96 KiB: 2 CTAs per SM
+// Element offset of 16-byte chunk `ch` (0..31) of a 256-column shared row: the low 3 chunk bits
+// XOR-swizzled by row, so the 8 rows one ldmatrix phase reads hit 8 different bank groups.
+__device__ __forceinline__ int swz_sk(int r, int ch) {
+  return r * kSkBK + ((ch ^ (r & 7)) << 3);
+}
+
+// grid: (ceil(n / cols per CTA), max_tiles), 128 threads. gate/up: weight rows j0..j0+15 (gate)
+// and I+j0..I+j0+15 (up); down: 32 output columns.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArgs p) {
+  const int64_t tile = blockIdx.y;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  __shared__ int64_t a_off[kSkBM];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row0 = tile * kSkBM;
+  constexpr int kCols = kGateUp ? kSkRows / 2 : kSkRows;  // output columns per CTA
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kCols;
+  if (tid < kSkBM) a_off[tid] = a_row_offset<kGateUp>(p, row0 + tid);
+  __syncthreads();
+  const __nv_bfloat16* w_e = p.w + static_cast<int64_t>(e) * p.w_rows * p.K;
+  const int KT = static_cast<int>((p.K + kSkBK - 1) / kSkBK);
+
+  auto load_stage = [&](int stage, int kt) {
+    __nv_bfloat16* sa = smem + stage * kSkStageElems;
+    __nv_bfloat16* sb = sa + 2 * kSkAElems;
+    const int64_t k0 = static_cast<int64_t>(kt) * kSkBK;
+    // A: 2 parts x 16 rows x 32 chunks; W: 32 rows x 32 chunks (a warp reads one row's 512 bytes).
+#pragma unroll
+    for (int i = 0; i < 2 * kSkBM * 32 / (kSkWarps * 32); ++i) {
+      const int c = tid + i * kSkWarps * 32, part = c / (kSkBM * 32), r = (c >> 5) % kSkBM, ch = c & 31;
+      const int64_t k = k0 + ch * 8, off = a_off[r];
+      const bool ok = off >= 0 && k < p.lda;
+      cp_async16(sa + part * kSkAElems + swz_sk(r, ch), ok ? p.a + part * p.a_lo + off + k : p.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kSkRows * 32 / (kSkWarps * 32); ++i) {
+      const int c = tid + i * kSkWarps * 32, rr = c >> 5, ch = c & 31;
+      const int64_t j = n0 + (kGateUp ? rr % kCols : rr);
+      const int64_t wr = j < p.n ? (kGateUp && rr >= kCols ? p.n + j : j) : -1;
+      const int64_t k = k0 + ch * 8;
+      const bool ok = wr >= 0 && k < p.K;
+      cp_async16(sb + swz_sk(rr, ch), ok ? w_e + wr * p.K + k : p.w, ok);
+    }
+  };
+
+  float acc[4][4];  // n8 tiles 0..3 (gate/up: 0-1 gate, 2-3 the matching up columns)
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[q][v] = 0.0f;
+
+#pragma unroll
+  for (int st = 0; st < kSkStages - 1; ++st) {
+    if (st < KT) load_stage(st, st);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kSkStages - 2>();
+    __syncthreads();
+    if (kt + kSkStages - 1 < KT) load_stage((kt + kSkStages - 1) % kSkStages, kt + kSkStages - 1);
+    cp_async_commit();
+    const __nv_bfloat16* sa = smem + (kt % kSkStages) * kSkStageElems;
+    const __nv_bfloat16* sb = sa + 2 * kSkAElems;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const int ch0 = warp * 8 + ks * 2;  // this warp's 64 columns of the stage, 16 at a time
+      uint32_t ahi[4], alo[4], b[4][2];
+      ldmatrix_x4(ahi, sa + swz_sk(lane & 15, ch0 + (lane >> 4)));
+      ldmatrix_x4(alo, sa + kSkAElems + swz_sk(lane & 15, ch0 + (lane >> 4)));
+#pragma unroll
+      for (int q = 0; q < 4; q += 2) {
+        uint32_t t[4];
+        ldmatrix_x4(t, sb + swz_sk(q * 8 + ((lane >> 4) << 3) + (lane & 7), ch0 + ((lane >> 3) & 1)));
+        b[q][0] = t[0];
+        b[q][1] = t[1];
+        b[q + 1][0] = t[2];
+        b[q + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        mma_bf16(acc[q], ahi, b[q][0], b[q][1]);
+        mma_bf16(acc[q], alo, b[q][0], b[q][1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: reuse them for the cross-warp sum
+
+  // red[w][r][c]: warp w's partial for row r, column c (c < 32 weight rows of the CTA).
+  float* red = reinterpret_cast<float*>(smem_raw);
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) red[(warp * kSkBM + g + (v >> 1) * 8) * kSkRows + q * 8 + 2 * tq + (v & 1)] = acc[q][v];
+  __syncthreads();
+  auto total = [&](int r, int c) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kSkWarps; ++w) t += red[(w * kSkBM + r) * kSkRows + c];  // fixed order
+    return t;
+  };
+  for (int o = tid; o < kSkBM * kCols; o += kSkWarps * 32) {
+    const int r = o / kCols, c = o % kCols;
+    const int64_t row = row0 + r, j = n0 + c;
+    if (kGateUp) {
+      if (j >= p.ldo) continue;
+      const float gt = total(r, c), up = total(r, kCols + c);
+      const float v = j < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // as the kernel above
+      const __nv_bfloat16 hi = __float2bfloat16(v);
+      p.act[row * p.ldo + j] = hi;
+      p.act[p.act_lo + row * p.ldo + j] = __float2bfloat16(v - __bfloat162float(hi));
+    } else if (j < p.n) {
+      p.y[row * p.n + j] = total(r, c);
+    }
+  }
+}
+
+// KILN_MOE_SKINNY=0 keeps 16-row tiles on the kernel above (for the A/B).
+bool skinny_enabled() {
+  static const bool on = env_int("KILN_MOE_SKINNY", 1) != 0;
+  return on;
+}
+
+template <bool kGateUp>
+void launch_skinny(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
+  auto* kernel = grouped_skinny_kernel<kGateUp>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSkSmem)));
+  const int64_t cols = kGateUp ? kSkRows / 2 : kSkRows;
+  const dim3 grid(static_cast<unsigned>((args.n + cols - 1) / cols), static_cast<unsigned>(max_tiles));
+  kernel<<<grid, kSkWarps * 32, kSkSmem, s>>>(args);
+}
+
 // Tile shapes by M tile: 16 and 32 rows (decode-sized batches, weight-bandwidth bound: small
 // tiles waste little on padding, 4 warps side by side along N), 64 rows (prefill: 2 x 2 warps,
 // 32 x 64 warp tiles). Two CTAs fit per SM in every case (80-96 KiB of shared memory each).
@@ -247,7 +376,12 @@ template <bool kGateUp>
 void dispatch(const KernelArgs& args, const AlignedLayout& l, cudaStream_t s) {
   KILN_REQUIRE(l.max_tiles <= 65535, "moe: " + std::to_string(l.max_tiles) + " expert tiles exceed the grid limit");
   switch (l.bm) {
-    case 16: launch<16, 1, 4, 4, kGateUp>(args, l.max_tiles, s); break;
+    case 16:
+      if (args.w_vec && skinny_enabled())
+        launch_skinny<kGateUp>(args, l.max_tiles, s);
+      else
+        launch<16, 1, 4, 4, kGateUp>(args, l.max_tiles, s);
+      break;
     case 32: launch<32, 1, 4, 4, kGateUp>(args, l.max_tiles, s); break;
     case 64: launch<64, 2, 2, 3, kGateUp>(args, l.max_tiles, s); break;
     default: throw_error("moe: no grouped GEMM for an M tile of " + std::to_string(l.bm));

@@ -5,7 +5,8 @@
 // a multiple of the M tile `bm`, so every bm-row tile belongs to one expert. The number of tiles is
 // data-dependent, but its bound max_tiles depends only on (T·k, E, bm): grids are sized by the
 // bound and CTAs of tiles past the real count (tile_expert = -1) exit at once. Nothing goes back
-// to the host, so a layer is one fixed sequence of launches (CUDA-graph capturable).
+// to the host, so a layer is one fixed sequence of launches (CUDA-graph capturable) — except on
+// the prefill path of moe_cublas.cu, which reads the tile table back and never runs in a capture.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/cuda_ops.h"
 #include "ops/params.h"
 
 namespace kiln::ops::cuda::moe_detail {
@@ -66,4 +68,19 @@ struct DownArgs {
 void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
 void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s);
 
+// The deterministic combine (moe.cu), one CTA per token: out[t, h] = Σ_j w[t, j] · y_j[h] + extra[t, h]
+// + add[t, h], j in order, y_j = y[row_of[t * top_k + j]] (+ y[row_lo[...]] when row_lo is given:
+// moe_cublas.cu's hi and lo halves); row -1 (a dropped slot) adds nothing; extra (the shared
+// experts), add (MoeParams::add) and row_lo may be null.
+void combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T, int64_t top_k,
+             int64_t hidden, const float* extra, const float* add, float* out, cudaStream_t s);
+
+// Prefill-sized batches outside a capture (moe_cublas.cu): one cuBLASLt GEMM per expert, sized
+// on the host. Eligible when the stream is not capturing, the widths are multiples of 8 and the
+// batch has at least KILN_MOE_CUBLAS_MIN_TOKENS tokens.
+bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
+void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
+
+// The shared experts of a prefill-sized batch as one dense SwiGLU MLP: [T, H] into `out` (moe.cu).
+void shared_mlp(const MoeParams& p, Gemm& gemm, float* out, cudaStream_t s);
 }  // namespace kiln::ops::cuda::moe_detail

@@ -107,10 +107,17 @@ __device__ unsigned int g_gate_tickets = 0;
 // Gate logits of expert e = blockIdx.x for the T tokens of chunk blockIdx.y (f32 weights and
 // activations, lanes over H, then a block sum). kRoute (one chunk: decode): the last CTA to finish
 // also routes every token from those logits, so a decode layer routes in one launch; before, a
-// cuBLASLt f32 GEMM and the routing kernel took ~19 us.
-template <int T, bool kRoute>
+// cuBLASLt f32 GEMM and the routing kernel took ~19 us. kNorm (with kRoute): the input is
+// rms_norm(x + residual) ⊙ norm_weight, so the post-attention norm needs no launch of its own.
+// Every CTA sums the squares of the (<= 8) rows of x + residual in the same pass that dots them
+// with the gate row times norm_weight, then scales by 1/rms; it writes only its own slice of
+// normed_x (x and residual are only read, so the CTAs never race).
+template <int T, bool kRoute, bool kNorm = false>
 __global__ void __launch_bounds__(kWarps * 32) gate_route_kernel(RouterParams p) {
+  static_assert(kRoute || !kNorm, "the chunked gate reads a normalised x");
   __shared__ float part_s[kWarps][T];
+  __shared__ float ss_s[kWarps][T];  // kNorm: per-warp sums of squares of x + residual
+  __shared__ float inv_s[T];         // kNorm: 1 / rms of each token's x + residual
   __shared__ float logit_s[kWarps][kMaxExperts];
   __shared__ float choice_s[kWarps][kMaxExperts];
   __shared__ float gscore_s[kWarps][kMaxGroups];
@@ -124,40 +131,89 @@ __global__ void __launch_bounds__(kWarps * 32) gate_route_kernel(RouterParams p)
   const float* w = p.gate_weight + e * H;
   if (threadIdx.x == 0 && H % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0)
     prefetch_l2(w, static_cast<uint32_t>(H * 4));  // the gate row is constant: fetch it early
+  // Activations (x, residual) only from here on.
   pdl_wait();
   pdl_trigger();
-  float acc[T];
+  const float* res = kNorm && p.norm_residual ? p.norm_residual + t0 * H : nullptr;
+  const bool nbf16 = p.norm_weight_dtype == DType::BF16;
+  const bool vec = H % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0 && (reinterpret_cast<uintptr_t>(res) & 15) == 0;
+  // x + residual at 4 columns from c (vec) or at column c.
+  auto in4 = [&](int t, int64_t c) {
+    float4 b = __ldg(reinterpret_cast<const float4*>(x + t * H + c));
+    if (kNorm && res) {
+      const float4 r = __ldg(reinterpret_cast<const float4*>(res + t * H + c));
+      b = make_float4(b.x + r.x, b.y + r.y, b.z + r.z, b.w + r.w);
+    }
+    return b;
+  };
+  auto in1 = [&](int t, int64_t c) {
+    float b = x[t * H + c];
+    if (kNorm && res) b += res[t * H + c];
+    return b;
+  };
+  float acc[T], ss[T];  // ss (kNorm): sums of squares of x + residual, in the same pass
 #pragma unroll
-  for (int t = 0; t < T; ++t) acc[t] = 0.0f;
-  if (H % 4 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+  for (int t = 0; t < T; ++t) acc[t] = ss[t] = 0.0f;
+  if (vec) {
     const float4* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < H / 4; i += kWarps * 32) {
-      const float4 a = __ldcs(w4 + i);
+      float4 a = __ldcs(w4 + i);
+      if constexpr (kNorm) {  // the norm weight folded into the gate row
+        a = make_float4(a.x * load_w(p.norm_weight, 4 * i, nbf16), a.y * load_w(p.norm_weight, 4 * i + 1, nbf16),
+                        a.z * load_w(p.norm_weight, 4 * i + 2, nbf16), a.w * load_w(p.norm_weight, 4 * i + 3, nbf16));
+      }
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         if (t >= tokens) break;
-        const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * H) + i);
+        const float4 b = in4(t, 4 * i);
         acc[t] += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        if constexpr (kNorm) ss[t] += b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
       }
     }
   } else {
-    for (int64_t i = threadIdx.x; i < H; i += kWarps * 32)
+    for (int64_t i = threadIdx.x; i < H; i += kWarps * 32) {
+      const float wi = kNorm ? w[i] * load_w(p.norm_weight, i, nbf16) : w[i];
 #pragma unroll
       for (int t = 0; t < T; ++t)
-        if (t < tokens) acc[t] += w[i] * x[t * H + i];
+        if (t < tokens) {
+          const float b = in1(t, i);
+          acc[t] += wi * b;
+          if constexpr (kNorm) ss[t] += b * b;
+        }
+    }
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     const float v = warp_sum(acc[t]);
     if (lane == 0) part_s[warp][t] = v;
+    if constexpr (kNorm) {
+      const float q = warp_sum(ss[t]);
+      if (lane == 0) ss_s[warp][t] = q;
+    }
   }
   __syncthreads();
   if (threadIdx.x < tokens) {
     float v = 0.0f;
 #pragma unroll
     for (int k = 0; k < kWarps; ++k) v += part_s[k][threadIdx.x];
+    if constexpr (kNorm) {
+      float q = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) q += ss_s[k][threadIdx.x];
+      inv_s[threadIdx.x] = rsqrtf(q / static_cast<float>(H) + p.norm_eps);
+      v *= inv_s[threadIdx.x];
+    }
     p.gate_logits[(t0 + threadIdx.x) * E + e] = v;
+  }
+  if constexpr (kNorm) {
+    __syncthreads();  // inv_s ready
+    // This CTA's slice of the experts' input, each column written once across the grid.
+    const int64_t slice = (H + gridDim.x - 1) / gridDim.x, c1 = min(H, (e + 1) * slice);
+    for (int64_t c = e * slice + threadIdx.x; c < c1; c += kWarps * 32)
+      for (int t = 0; t < tokens; ++t)
+        p.normed_x[(t0 + t) * H + c] = load_w(p.norm_weight, c, nbf16) * (in1(t, c) * inv_s[t]);
   }
   if (!kRoute) return;
   __threadfence();  // this CTA's logits are visible device-wide before its ticket is
@@ -232,22 +288,38 @@ void router(const RouterParams& p, cudaStream_t s) {
   if (p.num_tokens == 0) return;
   KILN_REQUIRE(!p.x || (p.gate_weight && p.gate_logits && p.hidden > 0),
                "router: a fused gate needs its weight, output and width");
+  const bool norm = p.x && p.norm_weight;
+  KILN_REQUIRE(!norm || (p.normed_x && (p.norm_weight_dtype == DType::F32 || p.norm_weight_dtype == DType::BF16)),
+               "router: a fused input norm needs its output and an f32 or bf16 weight");
   if (p.x && p.num_tokens <= kFusedGateTokens) {
     const dim3 grid(static_cast<unsigned>(p.num_experts));
-    auto* kernel = p.num_tokens == 1   ? gate_route_kernel<1, true>
-                   : p.num_tokens == 2 ? gate_route_kernel<2, true>
-                   : p.num_tokens <= 4 ? gate_route_kernel<4, true>
-                                       : gate_route_kernel<kFusedGateTokens, true>;
+    auto* kernel = norm ? (p.num_tokens == 1   ? gate_route_kernel<1, true, true>
+                           : p.num_tokens == 2 ? gate_route_kernel<2, true, true>
+                           : p.num_tokens <= 4 ? gate_route_kernel<4, true, true>
+                                               : gate_route_kernel<kFusedGateTokens, true, true>)
+                        : (p.num_tokens == 1   ? gate_route_kernel<1, true>
+                           : p.num_tokens == 2 ? gate_route_kernel<2, true>
+                           : p.num_tokens <= 4 ? gate_route_kernel<4, true>
+                                               : gate_route_kernel<kFusedGateTokens, true>);
     launch_pdl(kernel, grid, dim3(kWarps * 32), 0, s, p);
   } else {
     RouterParams q = p;
+    // More tokens: the rms_norm op writes normed_x, and the gate reads it as x.
+    if (norm) {
+      static GrowOnlyScratch sum_buf;  // x + residual, which rms_norm's fused add requires
+      const int64_t T = p.num_tokens, H = p.hidden;
+      RmsNormParams n{p.x, H, p.norm_weight, p.norm_weight_dtype, p.normed_x, H, T, H, p.norm_eps};
+      if (p.norm_residual) n.residual = p.norm_residual, n.sum = sum_buf.get<float>(static_cast<size_t>(T * H));
+      rms_norm(n, s);
+      q.x = p.normed_x;
+    }
     if (p.x) {
       if (p.num_tokens <= kChunkedGateTokens) {  // decode batches: weight rows from L2, tokens in chunks of 8
         const dim3 grid(static_cast<unsigned>(p.num_experts), blocks_for(p.num_tokens, kFusedGateTokens));
-        launch_pdl(gate_route_kernel<kFusedGateTokens, false>, grid, dim3(kWarps * 32), 0, s, p);
+        launch_pdl(gate_route_kernel<kFusedGateTokens, false>, grid, dim3(kWarps * 32), 0, s, q);
       } else {  // prefill-sized: a tiled GEMM
         const dim3 grid(blocks_for(p.num_tokens, kGateTile), blocks_for(p.num_experts, kGateTile));
-        launch_pdl(gate_gemm_kernel, grid, dim3(256), 0, s, p.x, p.gate_weight, p.gate_logits, p.num_tokens,
+        launch_pdl(gate_gemm_kernel, grid, dim3(256), 0, s, q.x, p.gate_weight, p.gate_logits, p.num_tokens,
                    p.num_experts, p.hidden);
       }
       q.logits = p.gate_logits;

@@ -1,0 +1,210 @@
+// Routed experts of a prefill-sized batch through cuBLASLt, one GEMM per expert.
+//
+// The grouped mma.sync kernels (moe_grouped_gemm.cu) never leave the device, so they serve every
+// captured decode step; but on an 8k-token prefill they reach ~210 TFLOP/s of tensor work, a
+// quarter of what cuBLASLt sustains on the same H200. Outside a capture the expert sizes can come
+// back to the host (the tile -> expert table, one stream sync per layer and token chunk), and then
+// every expert is one plain cuBLASLt GEMM, run four at a time on side streams (Gemm::grouped).
+// Measured on H200 (Moonlight, docs/results.md): the MoE of an 8k prefill 10.4 -> 3.8 ms per layer.
+//
+// Precision is that of every other GEMM here (gemm.cu): f32 activations split into bf16 hi + lo
+// parts. Each expert's rows are laid out "doubled": its hi rows, then its lo rows, so one GEMM
+// reads the expert's weights once for both parts, and the kernels after it add the two halves.
+//   padded row r of expert e (rows [s_e, s_e + n_e) of the aligned layout, moe_internal.cuh):
+//   hi part at doubled row s_e + r, lo part at s_e + n_e + r (expert e owns [2 s_e, 2 s_e + 2 n_e)).
+#include <algorithm>
+#include <vector>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/env.h"
+#include "ops/cuda/moe/moe_internal.cuh"
+
+namespace kiln::ops::cuda::moe_detail {
+namespace {
+
+constexpr int64_t kBm = 64;  // expert rows padded to this (keeps few distinct GEMM shapes)
+// Scratch per pass (x2/act2 and gu/y2, ~k · (4·max(H, I) + 8·max(2I, H)) bytes per token) stays
+// under this: Moonlight runs 8k-token prefills in one pass, DeepSeek-V3 widths in ~3k-token ones.
+// The KV planner does not see it (it is allocated at the first long prompt), hence the bound.
+constexpr int64_t kScratchBudget = int64_t{2} << 30;
+
+// Doubled-layout rows (hi, lo) of padded row r; e < 0 past the real tiles. tile_expert is sorted
+// by expert with -1 after the real tiles, so e's span is found by two binary searches.
+struct DoubledRow {
+  int64_t hi, lo;
+  int e;
+};
+__device__ DoubledRow doubled_row(const int32_t* tile_expert, int64_t max_tiles, int64_t r) {
+  const int64_t t = r / kBm;
+  const int e = tile_expert[t];
+  if (e < 0) return {0, 0, -1};
+  int64_t lo = 0, hi = t;  // first tile of e in [0, t]
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (tile_expert[mid] < e)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const int64_t first = lo;
+  lo = t + 1, hi = max_tiles;  // first tile past e in (t, max_tiles]
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (tile_expert[mid] == e)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const int64_t s = first * kBm, n = (lo - first) * kBm;
+  return {s + r, s + n + r, e};
+}
+
+// grid: one CTA per padded row r. x2[hi], x2[lo] = bf16 hi/lo parts of x[token(r)] ([cols];
+// padding rows 0).
+__global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, const int32_t* tile_expert,
+                                    int64_t max_tiles, int64_t top_k, int64_t cols, __nv_bfloat16* x2) {
+  const int64_t r = blockIdx.x;
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r);
+  if (d.e < 0) return;
+  const int32_t slot = sorted_slot[r];
+  const float* src = slot < 0 ? nullptr : x + (slot / top_k) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = src ? src[c] : 0.0f;
+    const __nv_bfloat16 h = __float2bfloat16(v);
+    x2[d.hi * cols + c] = h;
+    x2[d.lo * cols + c] = __float2bfloat16(v - __bfloat162float(h));
+  }
+}
+
+// grid: one CTA per padded row. gu [doubled rows, 2I] f32 (gate ‖ up, hi and lo products) ->
+// act2 [doubled rows, I] bf16: silu(g)·u split into hi/lo parts again for the down GEMM.
+__global__ void swiglu_split_kernel(const float* gu, const int32_t* tile_expert, int64_t max_tiles, int64_t inter,
+                                    __nv_bfloat16* act2) {
+  const int64_t r = blockIdx.x;
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r);
+  if (d.e < 0) return;
+  const float* ghi = gu + d.hi * 2 * inter;
+  const float* glo = gu + d.lo * 2 * inter;
+  for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
+    const float g = ghi[j] + glo[j], u = ghi[inter + j] + glo[inter + j];
+    const float v = g / (1.0f + expf(-g)) * u;  // as the grouped kernels' epilogue
+    const __nv_bfloat16 h = __float2bfloat16(v);
+    act2[d.hi * inter + j] = h;
+    act2[d.lo * inter + j] = __float2bfloat16(v - __bfloat162float(h));
+  }
+}
+
+// Slot -> doubled rows of its down output (-1: dropped slot).
+__global__ void slot_rows_kernel(const int32_t* row_of, const int32_t* tile_expert, int64_t max_tiles, int64_t slots,
+                                 int32_t* row_hi, int32_t* row_lo) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= slots) return;
+  const int32_t r = row_of[i];
+  if (r < 0) {
+    row_hi[i] = row_lo[i] = -1;
+    return;
+  }
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r);
+  row_hi[i] = static_cast<int32_t>(d.hi);
+  row_lo[i] = static_cast<int32_t>(d.lo);
+}
+
+void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
+  const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, I = p.inter, H = p.hidden, slots = T * k;
+  const int64_t tiles = max_tiles(slots, E, kBm), rows = tiles * kBm;
+  KILN_REQUIRE(2 * rows < (int64_t{1} << 31), "moe: " + std::to_string(slots) + " routed slots overflow the row index");
+  static GrowOnlyScratch idx_buf, in_buf, out_buf;
+  int32_t* idx = idx_buf.get<int32_t>(static_cast<size_t>(rows + 3 * slots + tiles));
+  const AlignedLayout layout{idx, idx + rows, idx + rows + slots, tiles, kBm};
+  int32_t* row_hi = idx + rows + slots + tiles;
+  int32_t* row_lo = row_hi + slots;
+  // x2 [2 rows, H] then act2 [2 rows, I] (bf16); gu [2 rows, 2I] then y2 [2 rows, H] (f32).
+  auto* in2 = in_buf.get<__nv_bfloat16>(static_cast<size_t>(2 * rows * std::max(H, I)));
+  float* out2 = out_buf.get<float>(static_cast<size_t>(2 * rows * std::max(2 * I, H)));
+
+  moe_align(p.topk_ids, slots, E, layout, s);
+  static std::vector<int32_t> host_tiles;
+  host_tiles.resize(static_cast<size_t>(tiles));
+  KILN_CUDA_CHECK(cudaMemcpyAsync(host_tiles.data(), layout.tile_expert, static_cast<size_t>(tiles) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, s));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  // Each expert's span of padded rows [s_e, s_e + n_e), from its run of tiles.
+  std::vector<std::pair<int32_t, int64_t>> spans;  // (expert, first tile), in tile order
+  int64_t used = 0;
+  for (; used < tiles && host_tiles[static_cast<size_t>(used)] >= 0; ++used)
+    if (spans.empty() || spans.back().first != host_tiles[static_cast<size_t>(used)])
+      spans.emplace_back(host_tiles[static_cast<size_t>(used)], used);
+  const int64_t real_rows = used * kBm;  // 0 when every id is out of range: no routed rows at all
+
+  const auto* wgu = static_cast<const __nv_bfloat16*>(p.w_gate_up);
+  const auto* wd = static_cast<const __nv_bfloat16*>(p.w_down);
+  std::vector<Gemm::Group> gate_up, down;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const int64_t e = spans[i].first, t0 = spans[i].second;
+    const int64_t t1 = i + 1 < spans.size() ? spans[i + 1].second : used;
+    const int64_t s0 = t0 * kBm, n = (t1 - t0) * kBm;
+    gate_up.push_back({wgu + e * 2 * I * H, in2 + 2 * s0 * H, 2 * n, out2 + 2 * s0 * 2 * I});
+    down.push_back({wd + e * H * I, in2 + 2 * s0 * I, 2 * n, out2 + 2 * s0 * H});
+  }
+  if (real_rows > 0) {
+    const auto grid = static_cast<unsigned>(real_rows);
+    gather_split_kernel<<<grid, 256, 0, s>>>(p.x, layout.sorted_slot, layout.tile_expert, tiles, k, H, in2);
+    gemm.grouped(gate_up.data(), static_cast<int64_t>(gate_up.size()), 2 * I, H, H, 2 * I, s);
+    swiglu_split_kernel<<<grid, 256, 0, s>>>(out2, layout.tile_expert, tiles, I, in2);
+    gemm.grouped(down.data(), static_cast<int64_t>(down.size()), H, I, I, H, s);
+  }
+  slot_rows_kernel<<<blocks_for(slots, 256), 256, 0, s>>>(layout.row_of, layout.tile_expert, tiles, slots, row_hi,
+                                                          row_lo);
+  float* shared = nullptr;
+  if (p.shared_inter > 0) {
+    static GrowOnlyScratch shared_buf;
+    shared = shared_buf.get<float>(static_cast<size_t>(T * H));
+    shared_mlp(p, gemm, shared, s);
+  }
+  combine(out2, row_hi, row_lo, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+}
+
+}  // namespace
+
+bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s) {
+  if (p.num_tokens < moe_cublas_min_tokens()) return false;
+  // Every operand of every expert GEMM 256-byte aligned, as cuBLASLt's heuristics assume by default
+  // (real widths are multiples of 64; odd test sizes take the grouped kernels).
+  if (p.hidden % 64 || p.inter % 64) return false;
+  for (const void* w : {p.w_gate_up, p.w_down})
+    if (reinterpret_cast<uintptr_t>(w) % 256) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  return status == cudaStreamCaptureStatusNone;  // the expert sizes come back to the host
+}
+
+void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
+  const int64_t per_token = p.top_k * (4 * std::max(p.hidden, p.inter) + 8 * std::max(2 * p.inter, p.hidden));
+  const int64_t passes = (p.num_tokens * per_token + kScratchBudget - 1) / kScratchBudget;
+  const int64_t chunk = (p.num_tokens + passes - 1) / passes;  // even passes: no small last one
+  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += chunk) {
+    MoeParams c = p;
+    c.num_tokens = std::min(chunk, p.num_tokens - t0);
+    c.x = p.x + t0 * p.hidden;
+    c.topk_ids = p.topk_ids + t0 * p.top_k;
+    c.topk_weights = p.topk_weights + t0 * p.top_k;
+    c.out = p.out + t0 * p.hidden;
+    if (p.add) c.add = p.add + t0 * p.hidden;
+    moe_cublas_chunk(c, gemm, s);
+  }
+}
+
+}  // namespace kiln::ops::cuda::moe_detail
+
+namespace kiln::ops::cuda {
+
+int64_t moe_cublas_min_tokens() {
+  // Below this many tokens the grouped mma.sync kernels stay (one expert GEMM per launch is too
+  // small to fill the GPU and the host sync costs more than it saves). KILN_MOE_CUBLAS_MIN_TOKENS
+  // overrides it (0: always outside a capture; a huge value: never).
+  static const int64_t v = env_int("KILN_MOE_CUBLAS_MIN_TOKENS", 1024, 0);
+  return v;
+}
+
+}  // namespace kiln::ops::cuda
