@@ -1,8 +1,8 @@
 // MLA attention on the GPU against the CPU reference: absorbed (paged decode over the bf16 and f32
 // latent pools, split-KV, multi-token, padding sequences) and expanded (prefill, varlen, causal
 // with a cached prefix), across head counts {1, 5, 8, 12, 16, 24, 64, 128}, contexts 1..32k and
-// batches 1..256; plus padding heads are harmless; and mla_prepare with the absorbed form's W_uk
-// fold. The MlaCpu tests need no GPU.
+// batches 1..256; plus padding heads are harmless (mla_prepare's W_uk fold: mla_prepare_fold_test.cc).
+// The MlaCpu tests need no GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -369,144 +369,6 @@ TEST(MlaParity, ExpandedStridedQ) {
   const auto ref = run_expanded(*cpu, c, q, k, v);
   for (int64_t pad : {580, 3})
     EXPECT_LE(norm_err(ref, run_expanded(*gpu, c, widen_rows(q, w, pad), k, v, w + pad)), expanded_bound(c)) << pad;
-}
-
-// mla_prepare with the W_uk fold, laid out as the absorbed form has it: q [T, heads, nope + rope]
-// a view of a projection row with `pad` spare columns after the kv part (3: q rows not float4
-// aligned), into qa [T, heads, lora + rope] = q_lat ‖ roped q_pe.
-struct FoldCase {
-  int64_t heads, tokens, nope = 128, rope = kRope, lora = kLora, pad = 0;
-  DType w_dtype = DType::BF16;  // of w_uk and the norm weight (their values are bf16-exact either way)
-  int64_t qk() const { return nope + rope; }
-  int64_t row() const { return lora + rope; }
-  int64_t ld() const { return heads * qk() + row() + pad; }
-  std::string str() const {
-    return std::to_string(heads) + " heads, " + std::to_string(tokens) + " tokens, nope " + std::to_string(nope) +
-           ", lora " + std::to_string(lora) + ", pad " + std::to_string(pad) + ", " + dtype_name(w_dtype) + " w_uk";
-  }
-};
-
-struct FoldInputs {
-  std::vector<float> proj, w_uk, norm_w, inv_freq;  // [T, ld], [heads, lora, nope] and [lora] bf16-exact
-  std::vector<int32_t> pos, slots;                  // [T]
-};
-
-FoldInputs make_fold(const FoldCase& c, uint64_t seed) {
-  FoldInputs in;
-  in.proj = randn(static_cast<size_t>(c.tokens * c.ld()), seed);
-  in.w_uk = bf16_round(randn(static_cast<size_t>(c.heads * c.lora * c.nope), seed + 1, 0.1f));
-  in.norm_w = bf16_round(randn(static_cast<size_t>(c.lora), seed + 2));
-  for (int64_t i = 0; i < c.rope / 2; ++i)
-    in.inv_freq.push_back(std::pow(10000.0f, -static_cast<float>(2 * i) / static_cast<float>(c.rope)));
-  for (int64_t t = 0; t < c.tokens; ++t) {
-    in.pos.push_back(static_cast<int32_t>((t * 7919 + seed) % 32768));
-    in.slots.push_back(static_cast<int32_t>(t * 5 + 3));  // distinct, spread over the pool
-  }
-  return in;
-}
-
-struct FoldOut {
-  std::vector<float> qa, pool;  // [T, heads, row] and [5T + 7, row] f32, both NaN-poisoned before
-};
-
-// fused: one mla_prepare with the fold; otherwise linear_heads, then mla_prepare without it (the
-// model's absorbed branch before the fusion).
-FoldOut run_fold(ops::Backend& be, const FoldCase& c, const FoldInputs& in, bool fused) {
-  const int64_t T = c.tokens, H = c.heads, row = c.row(), ld = c.ld();
-  const DType wdt = c.w_dtype;
-  auto proj = put(be, in.proj), wuk = put(be, in.w_uk, wdt), nw = put(be, in.norm_w, wdt), inv = put(be, in.inv_freq);
-  auto pos = put_raw(be, in.pos, DType::I32), slots = put_raw(be, in.slots, DType::I32);
-  auto pool = poisoned(be, static_cast<size_t>((T * 5 + 7) * row)), qa = poisoned(be, static_cast<size_t>(T * H * row));
-  ops::MlaPrepareParams p{.q_in = proj.f32() + c.nope,
-                          .q_in_stride = ld,
-                          .q_in_head_stride = c.qk(),
-                          .q_out = qa.f32() + c.lora,
-                          .q_out_stride = H * row,
-                          .q_out_head_stride = row,
-                          .num_heads = H,
-                          .kva = proj.f32() + H * c.qk(),
-                          .kva_stride = ld,
-                          .norm_weight = nw.t.data,
-                          .norm_weight_dtype = wdt,
-                          .eps = 1e-6f,
-                          .positions = pos.t.as<int32_t>(),
-                          .inv_freq = inv.f32(),
-                          .attention_factor = 1.3f,
-                          .interleaved = true,
-                          .slots = slots.t.as<int32_t>(),
-                          .pool = pool.t.data,
-                          .pool_dtype = DType::F32,
-                          .num_tokens = T,
-                          .kv_lora = c.lora,
-                          .rope_dim = c.rope,
-                          .q_nope = proj.f32(),
-                          .w_uk = wuk.t.data,
-                          .w_uk_dtype = wdt,
-                          .nope_dim = c.nope,
-                          .q_lat = qa.f32()};
-  if (!fused) {
-    be.linear_heads(
-        {proj.f32(), ld, c.qk(), wuk.t.data, c.lora * c.nope, wdt, qa.f32(), H * row, row, H, T, c.lora, c.nope});
-    p.w_uk = nullptr;
-  }
-  be.mla_prepare(p);
-  return {get(be, qa), get(be, pool)};
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// CPU only (runs in CI): the fold inside mla_prepare is exactly linear_heads then mla_prepare.
-TEST(MlaCpu, PrepareFoldEqualsLinearHeadsThenPrepare) {
-  auto& cpu = *backends().cpu;
-  uint64_t seed = 900;
-  std::vector<FoldCase> cases;
-  for (int64_t h : {1, 5, 24, 128})
-    for (int64_t t : {1, 3, 9}) cases.push_back({h, t});
-  cases.push_back({5, 9, 16, 8, 36, 3});  // a small model's shape (odd latent width, narrow rope)
-  cases.push_back({8, 3, 128, kRope, kLora, 0, DType::F32});
-  for (const FoldCase& c : cases) {
-    const FoldInputs in = make_fold(c, ++seed);
-    const FoldOut fused = run_fold(cpu, c, in, true), ops = run_fold(cpu, c, in, false);
-    EXPECT_TRUE(same_bits(fused.qa, ops.qa)) << c.str();
-    EXPECT_TRUE(same_bits(fused.pool, ops.pool)) << c.str();
-  }
-}
-
-// The GPU folds <= 8 tokens inside the prologue's launch (16-byte bf16 loads, or scalars for f32
-// weights, odd nope and unaligned q rows) and more through the batched GEMM. Bounds: q_lat as
-// Parity.LinearHeads (f32 products summed in another order; beyond 8 tokens q is split into two
-// bf16 halves, ~16 bits); q_pe and the pool are the plain prologue's, f32 rounding.
-TEST(MlaParity, PrepareWithFold) {
-  KILN_NEED_GPU();
-  auto& [cpu, gpu] = backends();
-  uint64_t seed = 950;
-  std::vector<FoldCase> cases;
-  for (int64_t h : {1, 5, 8, 12, 16, 24, 64, 128})
-    for (int64_t t : {1, 3, 8, 9, 64}) cases.push_back({h, t});
-  for (int64_t t : {3, 9}) {
-    cases.push_back({12, t, 128, kRope, kLora, 3});             // q rows not float4-aligned
-    cases.push_back({5, t, 16, 8, 36, 3});                      // a small model's shape
-    cases.push_back({5, t, 36, 8, 36, 0});                      // nope % 8 != 0
-    cases.push_back({8, t, 128, kRope, kLora, 0, DType::F32});  // f32 weights
-  }
-  for (const FoldCase& c : cases) {
-    const FoldInputs in = make_fold(c, ++seed);
-    const FoldOut want = run_fold(*cpu, c, in, true), got = run_fold(*gpu, c, in, true);
-    std::vector<float> wl, wp, gl, gp;  // q_lat and q_pe values of qa
-    for (size_t i = 0; i < want.qa.size(); ++i) {
-      const bool lat = static_cast<int64_t>(i) % c.row() < c.lora;
-      (lat ? wl : wp).push_back(want.qa[i]);
-      (lat ? gl : gp).push_back(got.qa[i]);
-    }
-    EXPECT_LE(norm_err(wl, gl), 1e-4) << c.str();  // every value written: poison would be infinite error
-    EXPECT_LE(norm_err(wp, gp), 1e-5) << c.str();
-    int64_t written = 0;
-    compare_pool(want.pool, got.pool, false, c.str(), written);  // an f32 pool
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(written, c.tokens * c.row()) << c.str();
-  }
 }
 
 }  // namespace
