@@ -47,11 +47,6 @@ echo "== the same without programmatic dependent launch (KILN_PDL=0), for the A/
 KILN_PDL=0 .gpu/kiln bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
   --batch-sizes 1,128 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_nopdl.json" 2>&1 | grep -E "^ +[0-9]" || status=1
 BENCH=(.gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights)
-echo "== A/B: the input RMSNorm inside the decode GEMV up to KILN_GEMV_NORM_MAX_ROWS rows (default 1; 0 = never)"
-for v in 0 8; do
-  KILN_GEMV_NORM_MAX_ROWS=$v "${BENCH[@]}" --batch-sizes 1,2,8 --prompt-len 128 --decode-steps 32 2>&1 |
-    grep -E "^ +[0-9]" | sed "s/^/gemv_norm_max=$v: /"
-done
 echo "== A/B: 16-row MoE tiles on the skinny grouped kernel (default) or the general one (KILN_MOE_SKINNY=0)"
 for v in 1 0; do
   KILN_MOE_SKINNY=$v "${BENCH[@]}" --batch-sizes 32,256 --prompt-len 128 --decode-steps 32 2>&1 |
@@ -78,7 +73,7 @@ KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config 
 # prefill, and steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps).
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 if [ -x "$NCU" ] && [ "${KILN_NCU:-1}" = 1 ]; then  # KILN_NCU=0 skips it (~40 s)
-  for run in "prefill2k 1 2048 1" "tokens64 64 1 3"; do
+  for run in "prefill2k 1 2048 1" "tokens64 64 1 3" "tokens1 1 1 3"; do
     set -- $run
     timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
       .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \

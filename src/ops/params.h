@@ -41,8 +41,8 @@ struct LinearParams {
   float* y;  // [m, n], rows y_stride apart
   int64_t y_stride;
   int64_t m, n, k;
-  // Optional input norm (a layer's RMSNorm inside the projection that consumes it: on CUDA one
-  // launch fewer per single-stream decode sub-layer): when norm_weight is set, the op multiplies by
+  // Optional input norm (a layer's RMSNorm as part of the projection that consumes it; CUDA runs
+  // it as its own kernel, which the staged GEMV after it overlaps): when norm_weight is set, the op multiplies by
   // rms_norm(x + norm_residual) ⊙ norm_weight instead of x, with RmsNormParams's math (mean of
   // squares over k, rsqrt(mean + eps)). Neither x nor norm_residual is written.
   const void* norm_weight = nullptr;  // [k]

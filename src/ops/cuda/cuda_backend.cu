@@ -147,10 +147,10 @@ class CudaBackend final : public Backend {
     const std::string pdl = cuda::pdl_enabled() ? " (programmatic dependent launch)" : " (KILN_PDL=0: plain launches)";
     return {
         {"linear",
-         "<=8 rows: kiln bf16 GEMV (f32 activations, 4 loads in flight per lane, weights prefetched to "
-         "L2 before the previous kernel ends; residual addend fused; the layer's input RMSNorm fused at <=" +
-             std::to_string(cuda::gemv_norm_max_rows()) + " rows, else its own kernel first); more: " + gemm_.name() +
-             " (a fused RMSNorm runs first as its own kernel)"},
+         "<=8 rows: kiln bf16 GEMV (f32 activations; rows of <=2048: each CTA copies its 8 weight rows into "
+         "shared memory (cp.async) before the previous kernel ends, longer rows: 4 loads in flight per lane; "
+         "residual addend fused); more: " +
+             gemm_.name() + "; an input RMSNorm runs first as its own kernel, which the staged GEMV overlaps"},
         {"linear_heads", "<=8 rows: the same GEMV over all heads in one launch; more: one batched cuBLASLt GEMM"},
         {"mla prefill",
          "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "

@@ -65,7 +65,5 @@ void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 int64_t moe_gemv_max_tokens();
 // Smallest uncaptured step (tokens) whose experts run as cuBLASLt GEMMs (KILN_MOE_CUBLAS_MIN_TOKENS, 1024).
 int64_t moe_cublas_min_tokens();
-// Most rows whose input RMSNorm runs inside the decode GEMV (KILN_GEMV_NORM_MAX_ROWS, default 2).
-int64_t gemv_norm_max_rows();
 
 }  // namespace kiln::ops::cuda

@@ -12,6 +12,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/env.h"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
 
 #define KILN_CUBLAS_CHECK(expr)                                                                                        \
@@ -50,165 +51,138 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, bool hal
 }
 
 // Small-m GEMV over bf16 weights with f32 activations: one warp per output row reads the weight
-// row once for all m <= kGemvMaxRows activation rows; blockIdx.y picks the head. Decode is this
-// kernel reading weights, so it must keep enough bytes in flight to saturate HBM: every lane
-// issues kUnroll 16-byte weight loads before it uses any of them.
+// row once for all m <= kGemvMaxRows activation rows; blockIdx.y picks the head; add (laid out as
+// y, may be null) is added in the epilogue. Decode is this kernel reading weights, so it must keep
+// enough bytes in flight to saturate HBM: every lane issues kUnroll 16-byte weight loads before it
+// uses any of them. (8 instead of 4 took 60 instead of 39 registers, fewer CTAs fit, and a
+// single-stream step got 0.1 ms slower on H200.) Rows of at most kStagedMaxK take the staged
+// kernel below.
+//
+// Measured and removed: the input RMSNorm inside the GEMV (each warp summing the squares of the x
+// rows it reads, norm_weight folded into the weights). It saved a launch, but the staged GEMV after
+// a separate rms_norm copies its weights while the norm runs, and that won: H200 whole steps,
+// separate vs fused at 1 / 2 / 8 rows, 2.65 vs 2.77, 3.84 vs 4.03, 10.31 vs 11.23 ms.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvWarps = 8;
 constexpr int kUnroll = 4;
 
-// What Gemm::linear fuses into the GEMV (heads == 1). A decode sub-layer's RMSNorm runs inside its
-// first projection: every warp sums the squares of the rows of x + residual it reads anyway (at
-// most 8 rows, from L2), folds norm_weight into the weights it streams, and scales each dot product
-// by 1/rms, so no normalised copy of x is ever written: one launch fewer per sub-layer at up to
-// gemv_norm_max_rows() rows. (A CTA-wide
-// 1/rms pass before the dot products, measured first, put a serial L2 read in front of every
-// weight load: the decode step got 2% slower instead of faster.)
-struct GemvFusion {
-  const void* norm_weight = nullptr;  // [k] f32 or bf16; null: no norm (the plain GEMV)
-  bool norm_bf16 = false;
-  float eps = 0.0f;
-  const float* residual = nullptr;  // [m, k], rows x_stride apart (null: none)
-  const float* add = nullptr;       // [m, n], laid out as y (null: none)
-};
-
-// 8 norm weights from column col (16-byte aligned).
-__device__ __forceinline__ void load_norm8(const GemvFusion& f, int64_t col, float (&o)[8]) {
-  if (f.norm_bf16) {
-    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(f.norm_weight) + col)), o);
-  } else {
-    const float4* w4 = reinterpret_cast<const float4*>(static_cast<const float*>(f.norm_weight) + col);
-    const float4 a = __ldg(w4), b = __ldg(w4 + 1);
-    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-  }
-}
-
-// kNorm: the weights times norm_weight, dotted with x + res (res may be null).
-// kNorm also sums the squares of x + res into ss: each warp reads whole rows of x, so it finds the
-// rows' 1/rms in the same pass, with no CTA-wide reduction before the weights can be used.
-template <int M, bool kNorm>
-__device__ __forceinline__ void gemv_accumulate(const uint4& v, const float* x, const float* res, int64_t x_stride,
-                                                int64_t col, int rows, const GemvFusion& f, float (&acc)[kGemvMaxRows],
-                                                float (&ss)[kGemvMaxRows]) {
+template <int M>
+__device__ __forceinline__ void gemv_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col, int rows,
+                                                float (&acc)[M]) {
   float wf[8];
   bf16x8_to_f32(v, wf);
-  if constexpr (kNorm) {
-    float nw[8];
-    load_norm8(f, col, nw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) wf[j] *= nw[j];
-  }
 #pragma unroll
   for (int t = 0; t < M; ++t) {
     if (t >= rows) break;
-    float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
-    float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
-    if constexpr (kNorm) {
-      if (res) {
-        const float4 ra = __ldg(reinterpret_cast<const float4*>(res + t * x_stride + col));
-        const float4 rb = __ldg(reinterpret_cast<const float4*>(res + t * x_stride + col + 4));
-        a = make_float4(a.x + ra.x, a.y + ra.y, a.z + ra.z, a.w + ra.w);
-        b = make_float4(b.x + rb.x, b.y + rb.y, b.z + rb.z, b.w + rb.w);
-      }
-      ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-    }
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
     acc[t] +=
         wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
   }
 }
 
-template <int M, bool kNorm>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams p, GemvFusion f) {
+// y[t, h, r] for this warp's row r: the warp-partial sums in acc, plus add.
+template <int M>
+__device__ __forceinline__ void gemv_store(const LinearHeadsParams& p, const float* add, int64_t h, int64_t r,
+                                           float (&acc)[M]) {
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+    if (t >= p.m) break;
+    const float v = warp_sum(acc[t]);
+    const int64_t o = t * p.y_stride + h * p.y_head_stride + r;
+    if ((threadIdx.x & 31) == 0) p.y[o] = add ? v + add[o] : v;
+  }
+}
+
+template <int M>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams p, const float* add) {
   const int lane = threadIdx.x & 31;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps, h = blockIdx.y;
-  if (threadIdx.x == 0 && blockIdx.z == 0 && p.k % 8 == 0) {  // weights are constant: fetch them early
+  if (threadIdx.x == 0 && p.k % 8 == 0) {  // weights are constant: fetch them early
     const auto* rows = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r0 * p.k;
     if ((reinterpret_cast<uintptr_t>(rows) & 15) == 0)
       prefetch_l2(rows, static_cast<uint32_t>(min(static_cast<int64_t>(kGemvWarps), p.n - r0) * p.k * 2));
   }
-  pdl_wait();  // activations (x, residual, add) only from here on
+  pdl_wait();  // activations (x, add) only from here on
   pdl_trigger();
-  // blockIdx.z: which M activation rows (more than M rows run as several chunks of one launch).
-  const int64_t t0 = static_cast<int64_t>(blockIdx.z) * M;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(M), p.m - t0));
-  const float* x = p.x + h * p.x_head_stride + t0 * p.x_stride;
-  const float* res = kNorm && f.residual ? f.residual + t0 * p.x_stride : nullptr;  // heads == 1 with a norm
+  const int rows = static_cast<int>(p.m);  // <= M: launch_gemv picks M
+  const float* x = p.x + h * p.x_head_stride;
   const int64_t r = r0 + (threadIdx.x >> 5);
   if (r >= p.n) return;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k;
-  float acc[kGemvMaxRows], ss[kGemvMaxRows];
-#pragma unroll
-  for (int t = 0; t < kGemvMaxRows; ++t) acc[t] = ss[t] = 0.0f;
+  float acc[M] = {};
   const bool vec = p.k % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
-                   (reinterpret_cast<uintptr_t>(x) & 15) == 0 && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0 &&
-                   (!kNorm || ((reinterpret_cast<uintptr_t>(res) & 15) == 0 &&
-                               (reinterpret_cast<uintptr_t>(f.norm_weight) & 15) == 0));
+                   (reinterpret_cast<uintptr_t>(x) & 15) == 0 && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0;
   if (vec) {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
     const int64_t n8 = p.k / 8;
-    int64_t i = lane;
-    for (; i + (kUnroll - 1) * 32 < n8; i += kUnroll * 32) {
+    for (int64_t base = lane; base < n8; base += kUnroll * 32) {
       uint4 v[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(w4 + i + u * 32);  // streamed once: keep L2 for x
+      for (int u = 0; u < kUnroll; ++u)
+        if (base + u * 32 < n8) v[u] = __ldcs(w4 + base + u * 32);  // streamed once: keep L2 for x
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        gemv_accumulate<M, kNorm>(v[u], x, res, p.x_stride, (i + u * 32) * 8, rows, f, acc, ss);
+        if (base + u * 32 < n8) gemv_accumulate<M>(v[u], x, p.x_stride, (base + u * 32) * 8, rows, acc);
     }
-    for (; i < n8; i += 32) gemv_accumulate<M, kNorm>(__ldcs(w4 + i), x, res, p.x_stride, i * 8, rows, f, acc, ss);
   } else {
     for (int64_t i = lane; i < p.k; i += 32) {
-      float wv = __bfloat162float(w[i]);
-      if constexpr (kNorm) wv *= load_w(f.norm_weight, i, f.norm_bf16);
+      const float wv = __bfloat162float(w[i]);
 #pragma unroll
-      for (int t = 0; t < M; ++t) {
-        if (t >= rows) break;
-        float xv = x[t * p.x_stride + i];
-        if constexpr (kNorm) {
-          xv += res ? res[t * p.x_stride + i] : 0.0f;
-          ss[t] += xv * xv;
-        }
-        acc[t] += wv * xv;
-      }
+      for (int t = 0; t < M; ++t)
+        if (t < rows) acc[t] += wv * x[t * p.x_stride + i];
     }
   }
-#pragma unroll
-  for (int t = 0; t < M; ++t) {
-    if (t >= rows) break;
-    float v = warp_sum(acc[t]);
-    if constexpr (kNorm) v *= rsqrtf(warp_sum(ss[t]) / static_cast<float>(p.k) + f.eps);
-    const int64_t o = (t0 + t) * p.y_stride + h * p.y_head_stride + r;
-    if (lane == 0) p.y[o] = f.add ? v + f.add[o] : v;
+  gemv_store<M>(p, add, h, r, acc);
+}
+
+// The GEMV for rows of at most kStagedMaxK weights (every decode projection but the MoE's): each
+// warp first starts copying its whole weight row into shared memory with cp.async, before the
+// wait, as weights are constant. The copies are in flight without holding registers, so a CTA
+// keeps all 8 rows in flight where gemv_kernel kept 4 chunks per lane, and with programmatic
+// dependent launch a CTA that starts early has its rows on the way while the kernel before it
+// still runs: a latency-bound kernel there (an RMSNorm, MLA decode) costs the weight stream
+// nothing. Dynamic shared memory: kGemvWarps · k bf16.
+constexpr int kStagedMaxK = 2048;
+
+template <int M>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_staged_kernel(LinearHeadsParams p, const float* add) {
+  extern __shared__ uint4 rows_s[];  // [kGemvWarps][k / 8]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n8 = static_cast<int>(p.k / 8);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps, h = blockIdx.y;
+  const int64_t r = min(r0 + warp, p.n - 1);  // rows past n copy row n - 1 and write nothing
+  const uint4* w4 =
+      reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k);
+  uint4* row = rows_s + warp * n8;
+  for (int i = lane; i < n8; i += 32) cp_async16(row + i, w4 + i, true);
+  cp_async_commit();
+  pdl_wait();  // activations (x, add) only from here on
+  pdl_trigger();
+  const float* x = p.x + h * p.x_head_stride;
+  cp_async_wait<0>();  // this lane's own chunks of the row
+  float acc[M] = {};
+  for (int i = lane; i < n8; i += 32) gemv_accumulate<M>(row[i], x, p.x_stride, i * 8, static_cast<int>(p.m), acc);
+  if (r0 + warp < p.n) gemv_store<M>(p, add, h, r, acc);
+}
+
+void launch_gemv(const LinearHeadsParams& p, const float* add, cudaStream_t s) {
+  KILN_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows, "gemv: " + std::to_string(p.m) + " rows (1 to 8)");
+  const dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads));
+  using Kernel = void (*)(LinearHeadsParams, const float*);
+  // rows as a template parameter: no dead accumulators, fully unrolled x loads
+  static const Kernel plain[] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
+                                 gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
+  static const Kernel staged[] = {gemv_staged_kernel<1>, gemv_staged_kernel<2>, gemv_staged_kernel<3>,
+                                  gemv_staged_kernel<4>, gemv_staged_kernel<5>, gemv_staged_kernel<6>,
+                                  gemv_staged_kernel<7>, gemv_staged_kernel<8>};
+  const int64_t i = p.m - 1;
+  const auto addr = [](const void* q) { return reinterpret_cast<uintptr_t>(q); };
+  if (p.k % 8 == 0 && p.k <= kStagedMaxK && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0 &&
+      p.w_head_stride % 8 == 0 && ((addr(p.w) | addr(p.x)) & 15) == 0) {
+    launch_pdl(staged[i], grid, dim3(kGemvWarps * 32), static_cast<size_t>(kGemvWarps * p.k * 2), s, p, add);
+    return;
   }
-}
-
-}  // namespace
-
-// Most rows whose RMSNorm runs inside the GEMV. Every row adds x, residual and norm-weight loads per
-// weight chunk, so past one row the fused GEMV costs more than the separate rms_norm launch it
-// saves (H200, whole steps, fused vs separate: 1 row 2.81 vs 2.85 ms, 2 rows 4.13 vs 3.99, 8 rows
-// 11.90 vs 10.82; docs/results.md).
-// KILN_GEMV_NORM_MAX_ROWS overrides it (0..8) for the A/B.
-int64_t gemv_norm_max_rows() {
-  static const int64_t v = env_int("KILN_GEMV_NORM_MAX_ROWS", 1, 0, kGemvMaxRows);
-  return v;
-}
-
-namespace {
-
-void launch_gemv(const LinearHeadsParams& p, const GemvFusion& f, cudaStream_t s) {
-  dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads), blocks_for(p.m, kGemvMaxRows));
-  using Kernel = void (*)(LinearHeadsParams, GemvFusion);
-  // rows as a template parameter: no dead accumulators, fully unrolled x loads; without a norm the
-  // kernel is the plain GEMV (an addend costs one test in the epilogue)
-  static const Kernel plain[] = {gemv_kernel<1, false>, gemv_kernel<2, false>, gemv_kernel<3, false>,
-                                 gemv_kernel<4, false>, gemv_kernel<5, false>, gemv_kernel<6, false>,
-                                 gemv_kernel<7, false>, gemv_kernel<8, false>};
-  static const Kernel normed[] = {gemv_kernel<1, true>, gemv_kernel<2, true>, gemv_kernel<3, true>,
-                                  gemv_kernel<4, true>, gemv_kernel<5, true>, gemv_kernel<6, true>,
-                                  gemv_kernel<7, true>, gemv_kernel<8, true>};
-  const int64_t i = std::min<int64_t>(p.m, kGemvMaxRows) - 1;
-  launch_pdl(f.norm_weight ? normed[i] : plain[i], grid, dim3(kGemvWarps * 32), 0, s, p, f);
+  launch_pdl(plain[i], grid, dim3(kGemvWarps * 32), 0, s, p, add);
 }
 
 }  // namespace
@@ -219,7 +193,7 @@ struct Gemm::Impl {
   size_t workspace_size = 64u << 20;
   GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x
   GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
-  GrowOnlyScratch nbuf;  // [m][k] normalised x (then [m][x_stride] sums) of a fused norm beyond the GEMV
+  GrowOnlyScratch nbuf;  // [m][k] normalised x (then [m][x_stride] sums) of Gemm::linear's input norm
 
   // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend.
   void heads(const LinearHeadsParams& p, const float* add, cudaStream_t s);
@@ -342,9 +316,7 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, cudaStre
   if (!p.x_stride) p.x_stride = p.heads * p.k;
   if (!p.y_stride) p.y_stride = p.heads * p.n;
   if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, exact f32 x
-    GemvFusion f;
-    f.add = add;
-    launch_gemv(p, f, s);
+    launch_gemv(p, add, s);
     return;
   }
   const int64_t ys = p.y_stride, xs = p.x_stride;
@@ -381,15 +353,7 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   }
   KILN_REQUIRE(p.norm_weight_dtype == DType::F32 || p.norm_weight_dtype == DType::BF16,
                std::string("linear: unsupported norm weight dtype ") + dtype_name(p.norm_weight_dtype));
-  if (p.w_dtype == DType::BF16 && p.m <= gemv_norm_max_rows()) {  // decode: the norm inside the GEMV
-    GemvFusion f;
-    f.norm_weight = p.norm_weight, f.norm_bf16 = p.norm_weight_dtype == DType::BF16, f.eps = p.norm_eps;
-    f.residual = p.norm_residual, f.add = p.add;
-    launch_gemv(h, f, s);
-    return;
-  }
-  // More rows (the GEMV past gemv_norm_max_rows(), or a GEMM): the rms_norm op writes the
-  // normalised rows (and the sums it requires) to scratch first.
+  // The rms_norm op writes the normalised rows (and the sums it requires) to scratch first.
   const int64_t sum_at = (p.m * p.k + 3) / 4 * 4;  // 16-byte aligned: rms_norm's float4 path
   float* xn = impl_->nbuf.get<float>(static_cast<size_t>(sum_at + (p.norm_residual ? p.m * xs : 0)));
   RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, xn, p.k, p.m, p.k, p.norm_eps};

@@ -5,9 +5,9 @@
 // combine, then the shared MLP's GEMV, SwiGLU, GEMV, add) ran at ~2 TB/s.
 //  1. gate/up: one warp per activation j of a (slot, expert) or of the shared MLP, reading the
 //     gate and up rows together and applying SwiGLU itself; a shared row serves 4 tokens per warp.
-//  2. down + combine: one warp per output (token, h) sums w_j · (Wd[e_j][h] · act_j) over its
-//     slots and the shared row, so nothing is written per slot and no combine pass follows. The
-//     next segment's weights load while the current one is reduced.
+//  2. down + combine: one CTA per output (token, h) sums w_j · (Wd[e_j][h] · act_j) over its
+//     slots and the shared row, its warps taking a segment of the sum each, so nothing is written
+//     per slot and no combine pass follows.
 // Activations stay f32 and weights bf16 with f32 accumulation (the precision of the other paths);
 // sums run in a fixed order, so results do not depend on timing.
 #include <algorithm>
@@ -23,7 +23,10 @@ namespace kiln::ops::cuda::moe_detail {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kDownChunk = 8;  // per lane and pass: 8 down 16-byte loads in flight (2048 columns)
+// CTAs per SM the register budget must allow (64 registers a thread): the kernels are bound by
+// loads in flight, and at 80-93 registers only 2-3 CTAs fit (Nsight Compute on H200: 25-37%
+// occupancy).
+constexpr int kMinBlocks = 4;
 
 struct DecodeArgs {
   const float* x;  // [T, H]
@@ -96,29 +99,44 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
   return g / (1.0f + __expf(-g)) * u;  // as the swiglu op
 }
 
-// Tokens per shared-expert task: a warp applies one pair of shared rows to up to this many tokens.
+// Tokens per shared-expert task (NT): a warp applies one pair of shared rows to up to this many
+// tokens. 4 for batches; 1 for a single token, where the registers of 4 would spill.
 constexpr int kSharedTokens = 4;
 
-// grid: ceil((T·k·I + S·G) / kWarps) CTAs, G = ceil(T / kSharedTokens). Warp w < T·k·I is routed
-// (j = w / slots, slot = w % slots), the rest shared (j, token group). Warps next to each other
-// share j, so slots that chose the same expert read the same row at about the same time: the
-// second read hits L2, and a batch pays DRAM for the distinct experts, not for every slot.
-template <int CHUNK>  // 16-byte gate loads per lane and pass (as many up loads with them)
-__global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(DecodeArgs a, bool vec) {
+// grid: ceil((S·G + T·k·I) / kWarps) CTAs, G = ceil(T / NT). Warp w < S·G is shared (j, token
+// group), the rest routed (w' = w - S·G: j = w' / slots, slot = w' % slots). The shared rows come
+// first: the CTAs that become resident while the router still runs are the low ones, and only
+// shared rows (constant) can be prefetched before the wait. Routed warps next to each other share j, so
+// slots that chose the same expert read the same row at about the same time: the second read hits
+// L2, and a batch pays DRAM for the distinct experts, not for every slot.
+template <int CHUNK, int NT>  // CHUNK: 16-byte gate loads per lane and pass (as many up loads with them)
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 2) gate_up_kernel(DecodeArgs a, bool vec) {
   const int lane = threadIdx.x & 31;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + kSharedTokens - 1) / kSharedTokens;
+  const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + NT - 1) / NT, shared = a.S * groups;
   // The shared rows are constant: start them towards L2 while the router finishes. Routed rows
   // depend on its choice, so they wait.
-  if (vec && lane == 0 && w >= routed && w < routed + a.S * groups && (w - routed) % groups == 0) {
-    const int64_t j = (w - routed) / groups;
+  if (vec && lane == 0 && w < shared && w % groups == 0) {
+    const int64_t j = w / groups;
     prefetch_l2(a.s_gate_up + j * a.H, static_cast<uint32_t>(a.H * 2));
     prefetch_l2(a.s_gate_up + (a.S + j) * a.H, static_cast<uint32_t>(a.H * 2));
   }
   pdl_wait();
   pdl_trigger();
-  if (w < routed) {
-    const int64_t slot = w % slots, j = w / slots;
+  if (w < shared) {
+    const int64_t j = w / groups, t0 = w % groups * NT;
+    const int tokens = static_cast<int>(min(static_cast<int64_t>(NT), a.T - t0));
+    float g[NT] = {}, u[NT] = {};
+    const __nv_bfloat16* row = a.s_gate_up + j * a.H;
+    pair_dots<CHUNK, NT>(row, row + a.S * a.H, a.x + t0 * a.H, a.H, tokens, vec, lane, g, u);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= tokens) break;
+      const float gv = warp_sum(g[t]), uv = warp_sum(u[t]);
+      if (lane == 0) a.act[routed + (t0 + t) * a.S + j] = silu_mul(gv, uv);
+    }
+  } else if (w - shared < routed) {
+    const int64_t slot = (w - shared) % slots, j = (w - shared) / slots;
     const int32_t e = a.ids[slot];
     float g[1] = {0.0f}, u[1] = {0.0f};
     if (e >= 0 && e < a.E) {  // an out-of-range id is a dropped slot: activation 0
@@ -128,106 +146,77 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(DecodeArgs a, bool
     g[0] = warp_sum(g[0]);
     u[0] = warp_sum(u[0]);
     if (lane == 0) a.act[slot * a.I + j] = silu_mul(g[0], u[0]);
-  } else if (w < routed + a.S * groups) {
-    const int64_t j = (w - routed) / groups, t0 = (w - routed) % groups * kSharedTokens;
-    const int tokens = static_cast<int>(min(static_cast<int64_t>(kSharedTokens), a.T - t0));
-    float g[kSharedTokens] = {}, u[kSharedTokens] = {};
-    const __nv_bfloat16* row = a.s_gate_up + j * a.H;
-    pair_dots<CHUNK, kSharedTokens>(row, row + a.S * a.H, a.x + t0 * a.H, a.H, tokens, vec, lane, g, u);
-#pragma unroll
-    for (int t = 0; t < kSharedTokens; ++t) {
-      if (t >= tokens) break;
-      const float gv = warp_sum(g[t]), uv = warp_sum(u[t]);
-      if (lane == 0) a.act[routed + (t0 + t) * a.S + j] = silu_mul(gv, uv);
-    }
   }
 }
 
-// One pass of one segment of an output row: kDownChunk 16-byte weight loads per lane.
-struct DownPass {
-  const __nv_bfloat16* w;  // weight row (null: dropped slot, contributes 0)
-  const float* act;        // activation row
-  int64_t base, n8;        // first 8-column chunk of this pass, chunks in the row
-  float scale;
-};
+// grid: T·H CTAs; CTA c = h·T + t writes out[t, h] (the tokens of one h side by side: same-expert
+// rows come from L2 the second time, as in the gate/up kernel). The sum is cut into segments of at
+// most kSegChunks · 32 chunks of 8 columns: each routed slot's row in pi pieces and the shared row
+// in ps pieces (Moonlight: 6 + 2 segments of 1,408 columns). Warp w takes segments w, w + kWarps,
+// ...; it issues all of a segment's loads before it uses any, so an output costs about one round
+// trip. (A warp per output walking its segments in passes, the next pass's loads issued before the
+// current one was reduced, ran at 1.75 TB/s on H200 at one token: 26 us for 46 MB; this takes 19.)
+// The CTA sums the warps' partials in warp order, so the result does not depend on timing.
+// Measured and left out: two or four outputs per CTA with the segments staged in shared memory
+// by cp.async (same or slower whole steps).
+constexpr int kSegChunks = 6;  // 8 spilled at 64 registers
 
-// grid: ceil(T·H / kWarps) CTAs; warp w = h·T + t writes out[t, h] (the tokens of one h side by
-// side: same-expert rows come from L2 the second time, as in the gate/up kernel).
-__global__ void __launch_bounds__(kWarps * 32) down_combine_kernel(DecodeArgs a, bool vec) {
-  const int lane = threadIdx.x & 31;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const int64_t t = w % a.T, h = w / a.T;
-  if (vec && lane == 0 && t == 0 && a.S > 0 && h < a.H) prefetch_l2(a.s_down + h * a.S, static_cast<uint32_t>(a.S * 2));
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(DecodeArgs a, bool vec) {
+  __shared__ float part_s[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x % a.T, h = blockIdx.x / a.T;
+  if (vec && threadIdx.x == 0 && t == 0 && a.S > 0) prefetch_l2(a.s_down + h * a.S, static_cast<uint32_t>(a.S * 2));
   pdl_wait();
   pdl_trigger();
-  if (w >= a.T * a.H) return;
-  float acc = 0.0f;
-  if (!vec) {
-    for (int64_t j = 0; j < a.k; ++j) {
-      const int32_t e = a.ids[t * a.k + j];
-      if (e < 0 || e >= a.E) continue;
-      const __nv_bfloat16* row = a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I;
-      const float* x = a.act + (t * a.k + j) * a.I;
-      float part = 0.0f;
-      for (int64_t i = lane; i < a.I; i += 32) part += __bfloat162float(row[i]) * x[i];
-      acc += a.wts[t * a.k + j] * part;
+  // Units: 8-column chunks (vec) or columns.
+  const int64_t ni = vec ? a.I / 8 : a.I, ns = vec ? a.S / 8 : a.S;
+  constexpr int64_t kSeg = 32 * kSegChunks;
+  const int64_t pi = (ni + kSeg - 1) / kSeg, ps = (ns + kSeg - 1) / kSeg;
+  const int64_t li = pi ? (ni + pi - 1) / pi : 0, ls = ps ? (ns + ps - 1) / ps : 0;  // segment lengths
+  float acc = 0.0f;                                                                  // lane-partial, segments in order
+  for (int64_t n = warp; n < a.k * pi + ps; n += kWarps) {
+    const __nv_bfloat16* w;
+    const float* x;
+    int64_t b, end;
+    float scale = 1.0f;
+    if (n < a.k * pi) {
+      const int64_t slot = t * a.k + n / pi;
+      const int32_t e = a.ids[slot];
+      if (e < 0 || e >= a.E) continue;  // a dropped slot adds nothing
+      w = a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I;
+      x = a.act + slot * a.I;
+      b = (n % pi) * li, end = min(ni, b + li), scale = a.wts[slot];
+    } else {
+      w = a.s_down + h * a.S;
+      x = a.act + a.T * a.k * a.I + t * a.S;
+      b = (n - a.k * pi) * ls, end = min(ns, b + ls);
     }
-    if (a.S > 0) {
-      const __nv_bfloat16* row = a.s_down + h * a.S;
-      const float* x = a.act + a.T * a.k * a.I + t * a.S;
-      for (int64_t i = lane; i < a.S; i += 32) acc += __bfloat162float(row[i]) * x[i];
+    float part = 0.0f;
+    if (vec) {
+      const uint4* wl = reinterpret_cast<const uint4*>(w) + b + lane;  // this lane's chunks, 32 apart
+      const float* xl = x + (b + lane) * 8;
+      const int left = static_cast<int>(end - b) - lane;  // chunks c · 32 < left are this lane's
+      uint4 v[kSegChunks];
+#pragma unroll
+      for (int c = 0; c < kSegChunks; ++c)
+        if (c * 32 < left) v[c] = __ldcs(wl + c * 32);
+#pragma unroll
+      for (int c = 0; c < kSegChunks; ++c)
+        if (c * 32 < left) fma8(v[c], xl + c * 256, part);
+    } else {
+      for (int64_t i = b + lane; i < end; i += 32) part += __bfloat162float(w[i]) * x[i];
     }
-  } else {
-    // Passes: k routed rows of I columns, then the shared row of S columns, each split into
-    // passes of 32 · kDownChunk chunks of 8.
-    constexpr int64_t kPassChunks = 32 * kDownChunk;
-    const int64_t pi = (a.I / 8 + kPassChunks - 1) / kPassChunks, ps = (a.S / 8 + kPassChunks - 1) / kPassChunks;
-    const int64_t passes = a.k * pi + ps;
-    auto pass_at = [&](int64_t n) {
-      DownPass d;
-      if (n < a.k * pi) {
-        const int64_t j = n / pi, slot = t * a.k + j;
-        const int32_t e = a.ids[slot];
-        const bool ok = e >= 0 && e < a.E;
-        d = {ok ? a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I : nullptr, a.act + slot * a.I,
-             (n % pi) * kPassChunks, a.I / 8, ok ? a.wts[slot] : 0.0f};
-      } else {
-        d = {a.s_down + h * a.S, a.act + a.T * a.k * a.I + t * a.S, (n - a.k * pi) * kPassChunks, a.S / 8, 1.0f};
-      }
-      return d;
-    };
-    auto load = [&](const DownPass& d, uint4(&v)[kDownChunk]) {
-#pragma unroll
-      for (int c = 0; c < kDownChunk; ++c) {
-        const int64_t i = d.base + c * 32 + lane;
-        if (d.w && i < d.n8) v[c] = __ldcs(reinterpret_cast<const uint4*>(d.w) + i);
-      }
-    };
-    DownPass cur = pass_at(0);
-    uint4 vc[kDownChunk], vn[kDownChunk];
-    load(cur, vc);
-    for (int64_t n = 0; n < passes; ++n) {
-      DownPass nxt{};
-      if (n + 1 < passes) {  // issue the next pass's loads before reducing this one
-        nxt = pass_at(n + 1);
-        load(nxt, vn);
-      }
-      if (cur.w) {
-        float part = 0.0f;
-#pragma unroll
-        for (int c = 0; c < kDownChunk; ++c) {
-          const int64_t i = cur.base + c * 32 + lane;
-          if (i < cur.n8) fma8(vc[c], cur.act + i * 8, part);
-        }
-        acc += cur.scale * part;
-      }
-      cur = nxt;
-#pragma unroll
-      for (int c = 0; c < kDownChunk; ++c) vc[c] = vn[c];
-    }
+    acc += scale * part;
   }
   acc = warp_sum(acc);
-  if (lane == 0) a.out[t * a.H + h] = a.add ? acc + a.add[t * a.H + h] : acc;
+  if (lane == 0) part_s[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) sum += part_s[k];
+    a.out[t * a.H + h] = a.add ? sum + a.add[t * a.H + h] : sum;
+  }
 }
 
 bool aligned16(const void* p) {
@@ -260,13 +249,15 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
       H % 8 == 0 && aligned16(p.x) && aligned16(p.w_gate_up) && (S == 0 || aligned16(p.w_shared_gate_up));
   const bool vec_d =
       I % 8 == 0 && S % 8 == 0 && aligned16(a.act) && aligned16(p.w_down) && (S == 0 || aligned16(p.w_shared_down));
-  const int64_t groups = (T + kSharedTokens - 1) / kSharedTokens;
+  const int nt = T == 1 ? 1 : kSharedTokens;
+  const int64_t groups = (T + nt - 1) / nt;
   // 4 gate + 4 up loads in flight per lane measured the same as 8 + 8 (2.90 vs 2.91 ms per
   // single-stream step on H200) with fewer registers. A persistent grid (only the CTAs that fit,
   // striding over tasks) made this op faster alone (47.7 vs 49.1 us) but whole steps slower with
   // programmatic dependent launch (3.00 vs 2.91 ms), so every task keeps its own warp.
-  launch_pdl(gate_up_kernel<4>, dim3(blocks_for(T * k * I + S * groups, kWarps)), dim3(kWarps * 32), 0, s, a, vec_gu);
-  launch_pdl(down_combine_kernel, dim3(blocks_for(T * H, kWarps)), dim3(kWarps * 32), 0, s, a, vec_d);
+  launch_pdl(nt == 1 ? gate_up_kernel<4, 1> : gate_up_kernel<4, kSharedTokens>,
+             dim3(blocks_for(T * k * I + S * groups, kWarps)), dim3(kWarps * 32), 0, s, a, vec_gu);
+  launch_pdl(down_combine_kernel, dim3(static_cast<unsigned>(T * H)), dim3(kWarps * 32), 0, s, a, vec_d);
 }
 
 }  // namespace kiln::ops::cuda::moe_detail
