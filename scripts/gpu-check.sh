@@ -70,9 +70,10 @@ echo "== op profile: one 8k-token prefill (after a warm-up prefill; each op's fi
 KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
   --random-weights --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 | grep -A 25 "op profile" | tee "$OUT/op_profile_prefill8k.log"
 # Kernel by kernel (Nsight Compute, one duration metric, caches and clocks left alone): a 2k-token
-# prefill, and steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps).
+# prefill, steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps), and
+# single-stream steps (one sequence: a one-token prefill, then two decode steps).
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-if [ -x "$NCU" ] && [ "${KILN_NCU:-1}" = 1 ]; then  # KILN_NCU=0 skips it (~40 s)
+if [ -x "$NCU" ] && [ "${KILN_NCU:-1}" = 1 ]; then  # KILN_NCU=0 skips it (~1 min)
   for run in "prefill2k 1 2048 1" "tokens64 64 1 3" "tokens1 1 1 3"; do
     set -- $run
     timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \

@@ -26,8 +26,8 @@ struct RmsNormParams {
   int64_t out_stride;
   int64_t rows, dim;
   float eps;
-  // Optional fused residual add (one pass instead of add + norm): when set, x + residual is
-  // written to `sum` and that sum is what gets normalised.
+  // Optional fused residual add (one pass instead of add + norm): when set, x + residual is what
+  // gets normalised, and it is also written to `sum` when that is set (null: not kept).
   const float* residual = nullptr;  // [rows, dim], rows x_stride apart
   float* sum = nullptr;             // [rows, dim], rows x_stride apart (may alias x)
 };

@@ -44,26 +44,42 @@ TEST(Parity, RmsNormAddSwigluCopy) {
 }
 
 // The fused residual add: x + residual written back in place, its norm out.
+// x + residual normalised, with the sum kept in place of x (`sum` = x) or not kept (`sum` null).
+std::vector<float> run_rms_norm_residual(ops::Backend& be, int64_t rows, int64_t dim, bool keep_sum,
+                                         std::vector<float>* sum_out) {
+  auto x = randn(static_cast<size_t>(rows * dim), 4), r = randn(static_cast<size_t>(rows * dim), 5);
+  auto w = bf16_round(randn(static_cast<size_t>(dim), 6));
+  const bool gpu = be.device() == Device::CUDA;
+  auto tx = put(be, x), tr = put(be, r), tw = put(be, w, gpu ? DType::BF16 : DType::F32);
+  auto to = poisoned(be, x.size());
+  ops::RmsNormParams p{tx.f32(), 0, tw.t.data, tw.t.dtype, to.f32(), 0, rows, dim, 1e-6f};
+  p.residual = tr.f32();
+  if (keep_sum) p.sum = tx.f32();
+  be.rms_norm(p);
+  if (sum_out) *sum_out = get(be, tx);
+  return get(be, to);
+}
+
+const std::pair<int64_t, int64_t> kRmsNormShapes[] = {{1, 2048}, {7, 90}, {256, 7168}};
+
+TEST(OpsCpu, RmsNormWithoutSumEqualsWithSum) {
+  auto& cpu = *backends().cpu;
+  for (auto [rows, dim] : kRmsNormShapes)
+    EXPECT_EQ(run_rms_norm_residual(cpu, rows, dim, false, nullptr),
+              run_rms_norm_residual(cpu, rows, dim, true, nullptr))
+        << rows << "x" << dim;
+}
+
 TEST(Parity, RmsNormWithResidual) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
-  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{1, 2048}, {7, 90}, {256, 7168}}) {
-    auto x = randn(static_cast<size_t>(rows * dim), 4), r = randn(static_cast<size_t>(rows * dim), 5);
-    auto w = bf16_round(randn(static_cast<size_t>(dim), 6));
-    std::vector<float> out[2], sum[2];
-    ops::Backend* be[2] = {cpu.get(), gpu.get()};
-    for (int b = 0; b < 2; ++b) {
-      auto tx = put(*be[b], x), tr = put(*be[b], r), tw = put(*be[b], w, b ? DType::BF16 : DType::F32);
-      auto to = poisoned(*be[b], x.size());
-      ops::RmsNormParams p{tx.f32(), 0, tw.t.data, tw.t.dtype, to.f32(), 0, rows, dim, 1e-6f};
-      p.residual = tr.f32();
-      p.sum = tx.f32();
-      be[b]->rms_norm(p);
-      out[b] = get(*be[b], to);
-      sum[b] = get(*be[b], tx);
-    }
+  for (auto [rows, dim] : kRmsNormShapes) {
+    std::vector<float> sum[2];
+    const auto want = run_rms_norm_residual(*cpu, rows, dim, true, &sum[0]);
+    const auto got = run_rms_norm_residual(*gpu, rows, dim, true, &sum[1]);
     EXPECT_EQ(sum[0], sum[1]) << rows << "x" << dim;  // one f32 add: exact on both
-    EXPECT_LE(norm_err(out[0], out[1]), 1e-5) << rows << "x" << dim;
+    EXPECT_LE(norm_err(want, got), 1e-5) << rows << "x" << dim;
+    EXPECT_EQ(run_rms_norm_residual(*gpu, rows, dim, false, nullptr), got) << rows << "x" << dim << ", sum not kept";
   }
 }
 
@@ -208,8 +224,10 @@ std::vector<float> run_fused_linear(ops::Backend& be, const FusedLinearCase& c, 
 
 std::vector<FusedLinearCase> fused_linear_cases() {
   std::vector<FusedLinearCase> cases;
-  for (int64_t m : {1, 3, 8, 9, 64})  // GEMV to 8 rows, cuBLASLt beyond
-    for (int64_t k : {2048, 1000, 7})
+  // GEMV to 8 rows (k <= 2048 the staged kernel, 2056 and 11264 the plain one, 7 its scalar path),
+  // cuBLASLt beyond
+  for (int64_t m : {1, 3, 8, 9, 64})
+    for (int64_t k : {2048, 1000, 7, 2056, 11264})
       for (int variant = 0; variant < 4; ++variant) cases.push_back({m, 300, k, variant});
   return cases;
 }

@@ -300,10 +300,16 @@ std::vector<float> run_moe_add(ops::Backend& be, const MoeShape& s, uint64_t see
 // Decode GEMVs (1, 8 tokens), the grouped path (64) and the cuBLASLt one (1100), with and without
 // shared experts.
 const MoeShape kMoeAddShapes[] = {
-    {1, 1024, 256, 16, 6, MoeRouting::Random, 512},  {8, 1024, 256, 16, 6, MoeRouting::Random, 512},
-    {64, 1024, 256, 16, 6, MoeRouting::Random, 512}, {1, 96, 40, 8, 2},
-    {8, 90, 36, 6, 2, MoeRouting::Random, 36},       {64, 96, 40, 8, 2},
-    {1100, 256, 128, 16, 4, MoeRouting::Random, 256}};  // the cuBLASLt path
+    {1, 1024, 256, 16, 6, MoeRouting::Random, 512},
+    {8, 1024, 256, 16, 6, MoeRouting::Random, 512},
+    {64, 1024, 256, 16, 6, MoeRouting::Random, 512},
+    {1, 96, 40, 8, 2},
+    {8, 90, 36, 6, 2, MoeRouting::Random, 36},
+    {64, 96, 40, 8, 2},
+    {1100, 256, 128, 16, 4, MoeRouting::Random, 256},  // the cuBLASLt path
+    // Decode down segments: a short last one (1544 / 8 = 193 chunks in 2), scalar rows in 3
+    {1, 256, 1544, 8, 2, MoeRouting::Random, 1544},
+    {3, 90, 404, 6, 2, MoeRouting::Random, 404}};
 
 TEST(OpsCpu, MoeWithAddEqualsMoeThenAdd) {
   auto& cpu = *backends().cpu;

@@ -54,9 +54,11 @@ void rms_norm(const RmsNormParams& p) {
   for (int64_t r = 0; r < p.rows; ++r) {
     const float* x = p.x + r * xs;
     float* o = p.out + r * os;
-    if (p.residual) {  // exactly add() then the norm of the sum
-      for (int64_t i = 0; i < p.dim; ++i) p.sum[r * xs + i] = x[i] + p.residual[r * xs + i];
-      x = p.sum + r * xs;
+    std::vector<float> row;  // x + residual when `sum` does not keep it
+    if (p.residual) {        // exactly add() then the norm of the sum
+      float* s = p.sum ? p.sum + r * xs : (row.resize(static_cast<size_t>(p.dim)), row.data());
+      for (int64_t i = 0; i < p.dim; ++i) s[i] = x[i] + p.residual[r * xs + i];
+      x = s;
     }
     double ss = 0;
     for (int64_t i = 0; i < p.dim; ++i) ss += static_cast<double>(x[i]) * x[i];

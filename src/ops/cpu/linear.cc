@@ -38,12 +38,9 @@ void linear(const LinearParams& p) {
   if (p.m == 0 || p.n == 0) return;
   const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
   if (p.norm_weight) {  // normalise into a contiguous temporary, then the plain GEMM
-    std::vector<float> xn(static_cast<size_t>(p.m * p.k)), sum;
+    std::vector<float> xn(static_cast<size_t>(p.m * p.k));
     RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, xn.data(), p.k, p.m, p.k, p.norm_eps};
-    if (p.norm_residual) {
-      sum.resize(static_cast<size_t>(p.m * xs));
-      n.residual = p.norm_residual, n.sum = sum.data();
-    }
+    n.residual = p.norm_residual;
     rms_norm(n);
     LinearParams q = p;
     q.x = xn.data(), q.x_stride = p.k;

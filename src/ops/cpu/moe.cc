@@ -31,12 +31,8 @@ void router(const RouterParams& p_in) {
                "router: a fused gate needs its weight, output and width");
     if (p.norm_weight) {  // the input norm first, into normed_x: the gate reads that
       KILN_CHECK(p.normed_x, "router: a fused input norm needs its output");
-      std::vector<float> sum;
       RmsNormParams n{p.x, 0, p.norm_weight, p.norm_weight_dtype, p.normed_x, 0, p.num_tokens, p.hidden, p.norm_eps};
-      if (p.norm_residual) {
-        sum.resize(static_cast<size_t>(p.num_tokens * p.hidden));
-        n.residual = p.norm_residual, n.sum = sum.data();
-      }
+      n.residual = p.norm_residual;
       rms_norm(n);
       p.x = p.normed_x;
     }

@@ -147,7 +147,7 @@ class CudaBackend final : public Backend {
     const std::string pdl = cuda::pdl_enabled() ? " (programmatic dependent launch)" : " (KILN_PDL=0: plain launches)";
     return {
         {"linear",
-         "<=8 rows: kiln bf16 GEMV (f32 activations; rows of <=2048: each CTA copies its 8 weight rows into "
+         "<=8 rows: kiln bf16 GEMV (f32 activations; k <= 2048: each CTA copies its 8 weight rows into "
          "shared memory (cp.async) before the previous kernel ends, longer rows: 4 loads in flight per lane; "
          "residual addend fused); more: " +
              gemm_.name() + "; an input RMSNorm runs first as its own kernel, which the staged GEMV overlaps"},

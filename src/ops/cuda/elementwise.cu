@@ -44,44 +44,41 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf
   if (vec) {
     const int64_t n4 = p.dim / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);
-    if (p.residual) {  // each thread re-reads only the sums it wrote: no barrier needed
-      const float4* r4 = reinterpret_cast<const float4*>(p.residual + blockIdx.x * xs);
-      float4* s4 = reinterpret_cast<float4*>(p.sum + blockIdx.x * xs);
-      for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-        const float4 a = x4[i], b = r4[i];
-        const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        s4[i] = v;
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      x4 = s4;
-    } else {
-      for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-        const float4 v = x4[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
+    // x + residual, the row that is normalised; the second pass adds again unless `sum` kept it
+    // (each thread re-reads only the sums it wrote: no barrier needed).
+    const float4* r4 = p.residual ? reinterpret_cast<const float4*>(p.residual + blockIdx.x * xs) : nullptr;
+    float4* s4 = p.residual && p.sum ? reinterpret_cast<float4*>(p.sum + blockIdx.x * xs) : nullptr;
+    auto in4 = [&](int64_t i) {
+      const float4 a = x4[i];
+      if (!r4) return a;
+      const float4 b = r4[i];
+      return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    };
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 v = in4(i);
+      if (s4) s4[i] = v;
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
+    if (s4) x4 = s4, r4 = nullptr;
     const float inv = block_rms_inv(ss, p.dim, p.eps, red);
     for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
-      const float4 v = x4[i], w = load_w4(p.weight, i, bf16);
+      const float4 v = in4(i), w = load_w4(p.weight, i, bf16);
       reinterpret_cast<float4*>(o)[i] =
           make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
     }
     return;
   }
-  if (p.residual) {  // each thread re-reads only the sums it wrote: no barrier needed
-    const float* res = p.residual + blockIdx.x * xs;
-    float* sum = p.sum + blockIdx.x * xs;
-    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
-      const float v = x[i] + res[i];
-      sum[i] = v;
-      ss += v * v;
-    }
-    x = sum;
-  } else {
-    for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss += x[i] * x[i];
+  const float* res = p.residual ? p.residual + blockIdx.x * xs : nullptr;
+  float* sum = p.residual && p.sum ? p.sum + blockIdx.x * xs : nullptr;
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
+    const float v = res ? x[i] + res[i] : x[i];
+    if (sum) sum[i] = v;
+    ss += v * v;
   }
+  if (sum) x = sum, res = nullptr;
   const float inv = block_rms_inv(ss, p.dim, p.eps, red);
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) o[i] = load_w(p.weight, i, bf16) * (x[i] * inv);
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x)
+    o[i] = load_w(p.weight, i, bf16) * ((res ? x[i] + res[i] : x[i]) * inv);
 }
 
 __global__ void add_kernel(AddParams p) {

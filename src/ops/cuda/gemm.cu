@@ -11,7 +11,6 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
-#include "ops/cuda/env.h"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -136,14 +135,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
   gemv_store<M>(p, add, h, r, acc);
 }
 
-// The GEMV for rows of at most kStagedMaxK weights (every decode projection but the MoE's): each
-// warp first starts copying its whole weight row into shared memory with cp.async, before the
-// wait, as weights are constant. The copies are in flight without holding registers, so a CTA
-// keeps all 8 rows in flight where gemv_kernel kept 4 chunks per lane, and with programmatic
-// dependent launch a CTA that starts early has its rows on the way while the kernel before it
-// still runs: a latency-bound kernel there (an RMSNorm, MLA decode) costs the weight stream
-// nothing. Dynamic shared memory: kGemvWarps · k bf16.
+// The GEMV for rows of at most kStagedMaxK weights (Moonlight: q + kv_a, W_uv, o_proj, the dense
+// gate/up and lm_head; not the dense down or anything at DeepSeek-V3's hidden 7,168): each warp
+// first starts copying its whole weight row into shared memory with cp.async, before the wait, so
+// the weights must not be written by the kernel launched just before (they are constant). The
+// copies are in flight without holding registers, so a CTA keeps all 8 rows in flight where
+// gemv_kernel kept 4 chunks per lane, and with programmatic dependent launch a CTA that starts
+// early has its rows on the way while the kernel before it still runs: a latency-bound kernel
+// there (an RMSNorm, MLA decode) costs the weight stream nothing. Dynamic shared memory:
+// kGemvWarps · k bf16.
 constexpr int kStagedMaxK = 2048;
+static_assert(kGemvWarps * kStagedMaxK * 2 <= 48 * 1024, "past 48 KB the launch needs cudaFuncSetAttribute first");
 
 template <int M>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_staged_kernel(LinearHeadsParams p, const float* add) {
@@ -193,7 +195,7 @@ struct Gemm::Impl {
   size_t workspace_size = 64u << 20;
   GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x
   GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
-  GrowOnlyScratch nbuf;  // [m][k] normalised x (then [m][x_stride] sums) of Gemm::linear's input norm
+  GrowOnlyScratch nbuf;  // [m][k] normalised x of Gemm::linear's input norm
 
   // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend.
   void heads(const LinearHeadsParams& p, const float* add, cudaStream_t s);
@@ -354,10 +356,9 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   KILN_REQUIRE(p.norm_weight_dtype == DType::F32 || p.norm_weight_dtype == DType::BF16,
                std::string("linear: unsupported norm weight dtype ") + dtype_name(p.norm_weight_dtype));
   // The rms_norm op writes the normalised rows (and the sums it requires) to scratch first.
-  const int64_t sum_at = (p.m * p.k + 3) / 4 * 4;  // 16-byte aligned: rms_norm's float4 path
-  float* xn = impl_->nbuf.get<float>(static_cast<size_t>(sum_at + (p.norm_residual ? p.m * xs : 0)));
+  float* xn = impl_->nbuf.get<float>(static_cast<size_t>(p.m * p.k));
   RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, xn, p.k, p.m, p.k, p.norm_eps};
-  if (p.norm_residual) n.residual = p.norm_residual, n.sum = xn + sum_at;
+  n.residual = p.norm_residual;
   rms_norm(n, s);
   h.x = xn, h.x_stride = p.k;
   impl_->heads(h, p.add, s);

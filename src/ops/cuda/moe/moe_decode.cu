@@ -4,7 +4,8 @@
 // launch count and load latency, not FLOPs: 8 launches per layer (slot GEMV, SwiGLU, slot GEMV,
 // combine, then the shared MLP's GEMV, SwiGLU, GEMV, add) ran at ~2 TB/s.
 //  1. gate/up: one warp per activation j of a (slot, expert) or of the shared MLP, reading the
-//     gate and up rows together and applying SwiGLU itself; a shared row serves 4 tokens per warp.
+//     gate and up rows together and applying SwiGLU itself; a shared row serves up to 4 tokens per
+//     warp (1 at a single token).
 //  2. down + combine: one CTA per output (token, h) sums w_j · (Wd[e_j][h] · act_j) over its
 //     slots and the shared row, its warps taking a segment of the sum each, so nothing is written
 //     per slot and no combine pass follows.
@@ -100,7 +101,8 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 }
 
 // Tokens per shared-expert task (NT): a warp applies one pair of shared rows to up to this many
-// tokens. 4 for batches; 1 for a single token, where the registers of 4 would spill.
+// tokens. 4 for batches (93 registers, uncapped); 1 for a single token, which fits kMinBlocks CTAs
+// per SM where the registers of 4 would spill.
 constexpr int kSharedTokens = 4;
 
 // grid: ceil((S·G + T·k·I) / kWarps) CTAs, G = ceil(T / NT). Warp w < S·G is shared (j, token
@@ -110,7 +112,7 @@ constexpr int kSharedTokens = 4;
 // slots that chose the same expert read the same row at about the same time: the second read hits
 // L2, and a batch pays DRAM for the distinct experts, not for every slot.
 template <int CHUNK, int NT>  // CHUNK: 16-byte gate loads per lane and pass (as many up loads with them)
-__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 2) gate_up_kernel(DecodeArgs a, bool vec) {
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1) gate_up_kernel(DecodeArgs a, bool vec) {
   const int lane = threadIdx.x & 31;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + NT - 1) / NT, shared = a.S * groups;

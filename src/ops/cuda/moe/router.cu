@@ -306,10 +306,9 @@ void router(const RouterParams& p, cudaStream_t s) {
     RouterParams q = p;
     // More tokens: the rms_norm op writes normed_x, and the gate reads it as x.
     if (norm) {
-      static GrowOnlyScratch sum_buf;  // x + residual, which rms_norm's fused add requires
       const int64_t T = p.num_tokens, H = p.hidden;
       RmsNormParams n{p.x, H, p.norm_weight, p.norm_weight_dtype, p.normed_x, H, T, H, p.norm_eps};
-      if (p.norm_residual) n.residual = p.norm_residual, n.sum = sum_buf.get<float>(static_cast<size_t>(T * H));
+      n.residual = p.norm_residual;
       rms_norm(n, s);
       q.x = p.normed_x;
     }
