@@ -59,6 +59,27 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&out)[8]) {
   }
 }
 
+// acc[t] += the 8 bf16 weights in v · x[t * x_stride + col, +8) for t < rows (x 16-byte aligned):
+// the inner step of every decode GEMV over bf16 weights and f32 activations.
+template <int M>
+__device__ __forceinline__ void dot8_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col, int rows,
+                                                float (&acc)[M]) {
+  float wf[8];
+  bf16x8_to_f32(v, wf);
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+    if (t >= rows) break;
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
+    acc[t] +=
+        wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+  }
+}
+
+__host__ __device__ inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

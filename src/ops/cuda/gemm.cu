@@ -65,21 +65,6 @@ constexpr int kGemvMaxRows = 8;
 constexpr int kGemvWarps = 8;
 constexpr int kUnroll = 4;
 
-template <int M>
-__device__ __forceinline__ void gemv_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col, int rows,
-                                                float (&acc)[M]) {
-  float wf[8];
-  bf16x8_to_f32(v, wf);
-#pragma unroll
-  for (int t = 0; t < M; ++t) {
-    if (t >= rows) break;
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
-    acc[t] +=
-        wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-  }
-}
-
 // y[t, h, r] for this warp's row r: the warp-partial sums in acc, plus add.
 template <int M>
 __device__ __forceinline__ void gemv_store(const LinearHeadsParams& p, const float* add, int64_t h, int64_t r,
@@ -99,7 +84,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps, h = blockIdx.y;
   if (threadIdx.x == 0 && p.k % 8 == 0) {  // weights are constant: fetch them early
     const auto* rows = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r0 * p.k;
-    if ((reinterpret_cast<uintptr_t>(rows) & 15) == 0)
+    if (aligned16(rows))
       prefetch_l2(rows, static_cast<uint32_t>(min(static_cast<int64_t>(kGemvWarps), p.n - r0) * p.k * 2));
   }
   pdl_wait();  // activations (x, add) only from here on
@@ -110,8 +95,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
   if (r >= p.n) return;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k;
   float acc[M] = {};
-  const bool vec = p.k % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0 &&
-                   (reinterpret_cast<uintptr_t>(x) & 15) == 0 && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0;
+  const bool vec = p.k % 8 == 0 && aligned16(w) && aligned16(x) && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0;
   if (vec) {
     const uint4* w4 = reinterpret_cast<const uint4*>(w);
     const int64_t n8 = p.k / 8;
@@ -122,7 +106,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
         if (base + u * 32 < n8) v[u] = __ldcs(w4 + base + u * 32);  // streamed once: keep L2 for x
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (base + u * 32 < n8) gemv_accumulate<M>(v[u], x, p.x_stride, (base + u * 32) * 8, rows, acc);
+        if (base + u * 32 < n8) dot8_accumulate<M>(v[u], x, p.x_stride, (base + u * 32) * 8, rows, acc);
     }
   } else {
     for (int64_t i = lane; i < p.k; i += 32) {
@@ -163,7 +147,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_staged_kernel(LinearHead
   const float* x = p.x + h * p.x_head_stride;
   cp_async_wait<0>();  // this lane's own chunks of the row
   float acc[M] = {};
-  for (int i = lane; i < n8; i += 32) gemv_accumulate<M>(row[i], x, p.x_stride, i * 8, static_cast<int>(p.m), acc);
+  for (int i = lane; i < n8; i += 32) dot8_accumulate<M>(row[i], x, p.x_stride, i * 8, static_cast<int>(p.m), acc);
   if (r0 + warp < p.n) gemv_store<M>(p, add, h, r, acc);
 }
 
@@ -178,9 +162,8 @@ void launch_gemv(const LinearHeadsParams& p, const float* add, cudaStream_t s) {
                                   gemv_staged_kernel<4>, gemv_staged_kernel<5>, gemv_staged_kernel<6>,
                                   gemv_staged_kernel<7>, gemv_staged_kernel<8>};
   const int64_t i = p.m - 1;
-  const auto addr = [](const void* q) { return reinterpret_cast<uintptr_t>(q); };
   if (p.k % 8 == 0 && p.k <= kStagedMaxK && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0 &&
-      p.w_head_stride % 8 == 0 && ((addr(p.w) | addr(p.x)) & 15) == 0) {
+      p.w_head_stride % 8 == 0 && aligned16(p.w) && aligned16(p.x)) {
     launch_pdl(staged[i], grid, dim3(kGemvWarps * 32), static_cast<size_t>(kGemvWarps * p.k * 2), s, p, add);
     return;
   }

@@ -185,8 +185,5 @@ __device__ __forceinline__ RowCtx row_ctx(const SampleParams& p, const Plan& P) 
   c.penalised = e > b && (rep != 1.0f || pres != 0.0f || freq != 0.0f);
   return c;
 }
-__device__ __forceinline__ bool aligned16(const float* q) {
-  return (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
-}
 
 }  // namespace kiln::ops::cuda::sampling

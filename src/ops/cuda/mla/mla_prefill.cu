@@ -425,10 +425,6 @@ void allow_smem(Kernel* k, int bytes) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
-}
-
 // qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator) and q rows take the
 // tensor cores.
 bool uses_mma(const MlaExpandedParams& p) {

@@ -27,25 +27,6 @@ int fold_lanes(int64_t nope) {
   return lanes;
 }
 
-__device__ __forceinline__ bool aligned16(const void* ptr) {
-  return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0;
-}
-
-// acc[t] += the 8 bf16 weights in v · x[t * x_stride + col, +8) for t < tokens.
-__device__ __forceinline__ void fold_accumulate(const uint4& v, const float* x, int64_t x_stride, int64_t col,
-                                                int tokens, float (&acc)[kFoldMaxTokens]) {
-  float wf[8];
-  bf16x8_to_f32(v, wf);
-#pragma unroll
-  for (int t = 0; t < kFoldMaxTokens; ++t) {
-    if (t >= tokens) break;
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
-    acc[t] +=
-        wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
-  }
-}
-
 // The W_uk fold's share of the grid: CTA `cta` owns rows [row0, row0 + kWarps * 32 / lanes) of
 // W_uk seen as [num_heads * kv_lora, nope] (row g = head g / kv_lora, latent column g % kv_lora; one
 // contiguous span), `lanes` lanes a row, and dots each row with all num_tokens (<= 8) q_nope rows.
@@ -76,7 +57,8 @@ __device__ void fold_rows(const MlaPrepareParams& p, int64_t cta, int lanes) {
   if (valid && vec) {
     const uint4* w4 = reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w_uk) + g * p.nope_dim);
     for (int64_t i = sub; i < p.nope_dim / 8; i += lanes)
-      fold_accumulate(__ldcs(w4 + i), x, p.q_in_stride, i * 8, tokens, acc);  // streamed once: keep L2 for q
+      dot8_accumulate<kFoldMaxTokens>(__ldcs(w4 + i), x, p.q_in_stride, i * 8, tokens,
+                                      acc);  // streamed once: keep L2 for q
   } else if (valid) {
     for (int64_t i = sub; i < p.nope_dim; i += lanes) {
       const float wv = load_w(p.w_uk, g * p.nope_dim + i, bf16);

@@ -76,25 +76,23 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   split_rows_kernel<<<blocks_for(T * H_pad, 256), 256, 0, s>>>(p.x, T, H, H_pad, xs);
   moe_gate_up_swiglu({xs, T, H, H_pad, k, wgu, I, I_pad, act}, layout, s);
   moe_down({act, I, I_pad, wd, H, y}, layout, s);
-  float* shared = nullptr;
-  if (p.shared_inter > 0) {
-    static GrowOnlyScratch shared_buf;
-    shared = shared_buf.get<float>(static_cast<size_t>(T * H));
-    shared_mlp(p, gemm, shared, s);
-  }
+  const float* shared = shared_mlp(p, gemm, s);
   moe_detail::combine(y, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
 }
 
 }  // namespace
 
-void moe_detail::shared_mlp(const MoeParams& p, Gemm& gemm, float* out, cudaStream_t s) {
-  static GrowOnlyScratch gu_buf, act_buf;
+const float* moe_detail::shared_mlp(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
+  if (p.shared_inter <= 0) return nullptr;
+  static GrowOnlyScratch gu_buf, act_buf, out_buf;
   const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden;
+  float* out = out_buf.get<float>(static_cast<size_t>(T * H));
   float* gu = gu_buf.get<float>(static_cast<size_t>(T * 2 * S));
   float* act = act_buf.get<float>(static_cast<size_t>(T * S));
   gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
   swiglu({gu, act, T, S}, s);
   gemm.linear({act, 0, p.w_shared_down, p.w_dtype, out, 0, T, H, S}, s);
+  return out;
 }
 
 void moe_detail::combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T,

@@ -156,12 +156,7 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   }
   slot_rows_kernel<<<blocks_for(slots, 256), 256, 0, s>>>(layout.row_of, layout.tile_expert, tiles, slots, row_hi,
                                                           row_lo);
-  float* shared = nullptr;
-  if (p.shared_inter > 0) {
-    static GrowOnlyScratch shared_buf;
-    shared = shared_buf.get<float>(static_cast<size_t>(T * H));
-    shared_mlp(p, gemm, shared, s);
-  }
+  const float* shared = shared_mlp(p, gemm, s);
   combine(out2, row_hi, row_lo, p.topk_weights, T, k, H, shared, p.add, p.out, s);
 }
 

@@ -221,10 +221,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(D
   }
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
-}
-
 }  // namespace
 
 void moe_decode(const MoeParams& p, cudaStream_t s) {

@@ -81,6 +81,7 @@ void combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const
 bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 
-// The shared experts of a prefill-sized batch as one dense SwiGLU MLP: [T, H] into `out` (moe.cu).
-void shared_mlp(const MoeParams& p, Gemm& gemm, float* out, cudaStream_t s);
+// The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu): [T, H] in scratch
+// owned here, valid until the next call; null without shared experts.
+const float* shared_mlp(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 }  // namespace kiln::ops::cuda::moe_detail
