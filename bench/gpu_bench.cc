@@ -236,65 +236,81 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
   auto model = std::make_unique<DeepseekV3Model>(c, random_weights(c, be, 7), be);
   json out = {{"model", name}, {"config", model_config_to_json(c)}};
   const int64_t bs = 64;
-  json prefill = json::array();
-  for (int64_t T : {1024, 8192}) {
-    if (quick && T > 1024) break;
-    const int64_t bps = (T + bs - 1) / bs;
-    LatentKvPool pool = model->new_pool(bps, bs);
-    ForwardBatch fb = make_batch(1, 0, T, bps, bs, c.vocab_size, false);
-    model->forward(fb, pool);  // warm-up (allocator, cuBLASLt heuristics)
-    const int reps = T > 2048 ? 2 : 4;
-    const double t0 = now_s();
-    for (int i = 0; i < reps; ++i) model->forward(fb, pool);
-    const double sec = (now_s() - t0) / reps;
-    const double tflops = prefill_flops(c, T) / sec / 1e12;
-    prefill.push_back({{"prompt", T},
-                       {"seconds", sec},
-                       {"tok_s", T / sec},
-                       {"tflops", tflops},
-                       {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
-    std::printf("prefill %5lld tokens: %8.1f ms  %8.0f tok/s  %6.1f TFLOP/s  %5.1f%% of bf16 GEMM\n",
-                static_cast<long long>(T), sec * 1e3, T / sec, tflops, 100 * tflops / gemm_tflops);
-  }
-  out["prefill"] = prefill;
-  json decode = json::array();
-  const int64_t ctx = 128, steps = quick ? 4 : 12;
-  for (int64_t B : batches) {
-    const int64_t bps = (ctx + steps + 2 + bs - 1) / bs;
-    LatentKvPool pool = model->new_pool(B * bps, bs);
-    model->forward(make_batch(B, 0, ctx, bps, bs, c.vocab_size, false), pool);
-    // Steps leave their logits on the GPU (the engine samples there): timing is the forward alone,
-    // op by op (eager) and replayed from a CUDA graph.
-    auto time_steps = [&](int64_t first) {
-      model->forward_logits(make_batch(B, first, 1, bps, bs, c.vocab_size, true), pool);  // warm-up / capture
-      be.synchronize();
+  auto run_prefills = [&] {
+    json prefill = json::array();
+    for (int64_t T : {1024, 8192}) {
+      if (quick && T > 1024) break;
+      const int64_t bps = (T + bs - 1) / bs;
+      LatentKvPool pool = model->new_pool(bps, bs);
+      ForwardBatch fb = make_batch(1, 0, T, bps, bs, c.vocab_size, false);
+      model->forward(fb, pool);  // warm-up (allocator, cuBLASLt heuristics)
+      const int reps = T > 2048 ? 2 : 4;
       const double t0 = now_s();
-      for (int64_t s = 0; s < steps; ++s)
-        model->forward_logits(make_batch(B, first + 1 + s, 1, bps, bs, c.vocab_size, true), pool);
-      be.synchronize();
-      return (now_s() - t0) / static_cast<double>(steps);
-    };
-    const double eager = time_steps(ctx);
-    model->enable_decode_graphs(pool, B, bps);
-    const double sec = time_steps(ctx);  // rewrites the same positions: same work, same bytes
-    model->disable_decode_graphs();
-    const double bytes = decode_bytes(c, B, ctx + 1 + steps / 2, static_cast<int64_t>(dtype_size(be.kv_dtype())));
-    const double ceiling_step = bytes / (copy_gbps * 1e9);
-    decode.push_back({{"batch", B},
-                      {"step_ms", sec * 1e3},
-                      {"step_ms_eager", eager * 1e3},
-                      {"tok_s_per_stream", 1.0 / sec},
-                      {"tok_s_aggregate", static_cast<double>(B) / sec},
-                      {"bytes_per_step", bytes},
-                      {"ceiling_tok_s_aggregate", static_cast<double>(B) / ceiling_step},
-                      {"fraction_of_ceiling", ceiling_step / sec}});
-    std::printf(
-        "decode batch %3lld: %7.2f ms/step (eager %7.2f)  %7.1f tok/s/stream  %8.0f tok/s aggregate  ceiling %8.0f  "
-        "(%4.1f%%)\n",
-        static_cast<long long>(B), sec * 1e3, eager * 1e3, 1.0 / sec, B / sec, B / ceiling_step,
-        100 * ceiling_step / sec);
-  }
-  out["decode"] = decode;
+      for (int i = 0; i < reps; ++i) model->forward(fb, pool);
+      const double sec = (now_s() - t0) / reps;
+      const double tflops = prefill_flops(c, T) / sec / 1e12;
+      prefill.push_back({{"prompt", T},
+                         {"seconds", sec},
+                         {"tok_s", T / sec},
+                         {"tflops", tflops},
+                         {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
+      std::printf("prefill %5lld tokens: %8.1f ms  %8.0f tok/s  %6.1f TFLOP/s  %5.1f%% of bf16 GEMM (%s activations)\n",
+                  static_cast<long long>(T), sec * 1e3, T / sec, tflops, 100 * tflops / gemm_tflops,
+                  dtype_name(be.activation_dtype()));
+    }
+    return prefill;
+  };
+  const int64_t ctx = 128, steps = quick ? 4 : 12;
+  auto run_decodes = [&](const std::vector<int64_t>& sizes) {
+    json decode = json::array();
+    for (int64_t B : sizes) {
+      const int64_t bps = (ctx + steps + 2 + bs - 1) / bs;
+      LatentKvPool pool = model->new_pool(B * bps, bs);
+      model->forward(make_batch(B, 0, ctx, bps, bs, c.vocab_size, false), pool);
+      // Steps leave their logits on the GPU (the engine samples there): timing is the forward alone,
+      // op by op (eager) and replayed from a CUDA graph.
+      auto time_steps = [&](int64_t first) {
+        model->forward_logits(make_batch(B, first, 1, bps, bs, c.vocab_size, true), pool);  // warm-up / capture
+        be.synchronize();
+        const double t0 = now_s();
+        for (int64_t s = 0; s < steps; ++s)
+          model->forward_logits(make_batch(B, first + 1 + s, 1, bps, bs, c.vocab_size, true), pool);
+        be.synchronize();
+        return (now_s() - t0) / static_cast<double>(steps);
+      };
+      const double eager = time_steps(ctx);
+      model->enable_decode_graphs(pool, B, bps);
+      const double sec = time_steps(ctx);  // rewrites the same positions: same work, same bytes
+      model->disable_decode_graphs();
+      const double bytes = decode_bytes(c, B, ctx + 1 + steps / 2, static_cast<int64_t>(dtype_size(be.kv_dtype())));
+      const double ceiling_step = bytes / (copy_gbps * 1e9);
+      decode.push_back({{"batch", B},
+                        {"step_ms", sec * 1e3},
+                        {"step_ms_eager", eager * 1e3},
+                        {"tok_s_per_stream", 1.0 / sec},
+                        {"tok_s_aggregate", static_cast<double>(B) / sec},
+                        {"bytes_per_step", bytes},
+                        {"ceiling_tok_s_aggregate", static_cast<double>(B) / ceiling_step},
+                        {"fraction_of_ceiling", ceiling_step / sec}});
+      std::printf(
+          "decode batch %3lld: %7.2f ms/step (eager %7.2f)  %7.1f tok/s/stream  %8.0f tok/s aggregate  ceiling %8.0f  "
+          "(%4.1f%%, %s activations)\n",
+          static_cast<long long>(B), sec * 1e3, eager * 1e3, 1.0 / sec, B / sec, B / ceiling_step,
+          100 * ceiling_step / sec, dtype_name(be.activation_dtype()));
+    }
+    return decode;
+  };
+  out["prefill"] = run_prefills();
+  out["decode"] = run_decodes(batches);
+  // The same with bf16-rounded GEMM activations (--activation-dtype bf16): prefill, and the decode
+  // batches that reach the grouped tensor-core experts (> 8 tokens).
+  be.set_activation_dtype(DType::BF16);
+  std::vector<int64_t> grouped;
+  for (int64_t B : batches)
+    if (B > 8) grouped.push_back(B);
+  out["prefill_bf16_activations"] = run_prefills();
+  out["decode_bf16_activations"] = run_decodes(grouped);
+  be.set_activation_dtype(DType::F32);
   return out;
 }
 
@@ -313,48 +329,53 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
   be.fill_random(sd.t, 15, 0.02f);
   json rows = json::array();
   uint64_t z = 88172645463325252ull;  // xorshift64 state
-  for (int64_t T : {1, 4, 8, 16, 32, 128, 256, 1024, 8192}) {
-    std::vector<int32_t> ids;
-    std::vector<char> touched(static_cast<size_t>(E), 0);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < k;) {
-        z ^= z << 13, z ^= z >> 7, z ^= z << 17;
-        const auto e = static_cast<int32_t>(z % static_cast<uint64_t>(E));
-        if (std::find(ids.end() - j, ids.end(), e) != ids.end()) continue;
-        ids.push_back(e);
-        touched[static_cast<size_t>(e)] = 1;
-        ++j;
+  for (DType act : {DType::F32, DType::BF16})
+    for (int64_t T : {1, 4, 8, 16, 32, 128, 256, 1024, 8192}) {
+      if (act == DType::BF16 && T <= 8) continue;  // decode GEMVs read f32 activations either way
+      be.set_activation_dtype(act);
+      std::vector<int32_t> ids;
+      std::vector<char> touched(static_cast<size_t>(E), 0);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < k;) {
+          z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+          const auto e = static_cast<int32_t>(z % static_cast<uint64_t>(E));
+          if (std::find(ids.end() - j, ids.end(), e) != ids.end()) continue;
+          ids.push_back(e);
+          touched[static_cast<size_t>(e)] = 1;
+          ++j;
+        }
       }
+      std::vector<float> w(ids.size(), 1.0f / static_cast<float>(k));
+      auto x = be.alloc(DType::F32, {T, H}), out = be.alloc(DType::F32, {T, H});
+      auto ti = be.alloc(DType::I32, {T, k}), tw = be.alloc(DType::F32, {T, k});
+      be.fill_random(x.t, 13, 1.0f);
+      be.upload(ti.t, ids.data());
+      be.upload(tw.t, w.data());
+      ops::MoeParams p{x.f32(), ti.t.as<int32_t>(), tw.f32(), wgu.t.data, wd.t.data, DType::BF16, out.f32(), T, H, I, E,
+                       k};
+      p.w_shared_gate_up = sgu.t.data, p.w_shared_down = sd.t.data, p.shared_inter = S;
+      const double sec = seconds_per_call(be, T >= 4096 ? 5 : 20, [&](int) { be.moe(p); });
+      const double distinct = static_cast<double>(std::count(touched.begin(), touched.end(), 1));
+      const double bytes = (distinct * 3.0 * static_cast<double>(I * H) + 3.0 * static_cast<double>(S * H)) * 2.0;
+      const double flops = 2.0 * static_cast<double>(T) * 3.0 * static_cast<double>((k * I + S) * H);
+      const double gbps = bytes / sec / 1e9, tflops = flops / sec / 1e12;
+      rows.push_back({{"tokens", T},
+                      {"activation_dtype", dtype_name(act)},
+                      {"experts_touched", distinct},
+                      {"us", sec * 1e6},
+                      {"weight_bytes", bytes},
+                      {"gbps", gbps},
+                      {"fraction_of_copy_bw", gbps / copy_gbps},
+                      {"tflops", tflops},
+                      {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
+      std::printf(
+          "moe layer (2048/1408, 64 experts top-6 + 2 shared) T %5lld: %9.1f us  %2.0f experts  %6.0f GB/s (%4.1f%% of "
+          "copy)"
+          "  %6.1f TFLOP/s (%4.1f%% of bf16 GEMM) %s activations\n",
+          static_cast<long long>(T), sec * 1e6, distinct, gbps, 100 * gbps / copy_gbps, tflops,
+          100 * tflops / gemm_tflops, dtype_name(act));
     }
-    std::vector<float> w(ids.size(), 1.0f / static_cast<float>(k));
-    auto x = be.alloc(DType::F32, {T, H}), out = be.alloc(DType::F32, {T, H});
-    auto ti = be.alloc(DType::I32, {T, k}), tw = be.alloc(DType::F32, {T, k});
-    be.fill_random(x.t, 13, 1.0f);
-    be.upload(ti.t, ids.data());
-    be.upload(tw.t, w.data());
-    ops::MoeParams p{x.f32(), ti.t.as<int32_t>(), tw.f32(), wgu.t.data, wd.t.data, DType::BF16, out.f32(), T, H, I, E,
-                     k};
-    p.w_shared_gate_up = sgu.t.data, p.w_shared_down = sd.t.data, p.shared_inter = S;
-    const double sec = seconds_per_call(be, T >= 4096 ? 5 : 20, [&](int) { be.moe(p); });
-    const double distinct = static_cast<double>(std::count(touched.begin(), touched.end(), 1));
-    const double bytes = (distinct * 3.0 * static_cast<double>(I * H) + 3.0 * static_cast<double>(S * H)) * 2.0;
-    const double flops = 2.0 * static_cast<double>(T) * 3.0 * static_cast<double>((k * I + S) * H);
-    const double gbps = bytes / sec / 1e9, tflops = flops / sec / 1e12;
-    rows.push_back({{"tokens", T},
-                    {"experts_touched", distinct},
-                    {"us", sec * 1e6},
-                    {"weight_bytes", bytes},
-                    {"gbps", gbps},
-                    {"fraction_of_copy_bw", gbps / copy_gbps},
-                    {"tflops", tflops},
-                    {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
-    std::printf(
-        "moe layer (2048/1408, 64 experts top-6 + 2 shared) T %5lld: %9.1f us  %2.0f experts  %6.0f GB/s (%4.1f%% of "
-        "copy)"
-        "  %6.1f TFLOP/s (%4.1f%% of bf16 GEMM)\n",
-        static_cast<long long>(T), sec * 1e6, distinct, gbps, 100 * gbps / copy_gbps, tflops,
-        100 * tflops / gemm_tflops);
-  }
+  be.set_activation_dtype(DType::F32);
   return rows;
 }
 
@@ -362,20 +383,34 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
 // FLOPs = 2 x heads x (192 + 128) x T^2 / 2, against the bf16 GEMM ceiling.
 json bench_mla_prefill(ops::Backend& be, double gemm_tflops) {
   json rows = json::array();
-  const int64_t qk = 192, vd = 128;
+  const int64_t nope = 128, rope = 64, qk = nope + rope, vd = 128, lora = 512;
   for (int64_t heads : {16, 128}) {
     for (int64_t T : {1024, 8192, 16384}) {
-      auto q = be.alloc(DType::F32, {T, heads * qk}), k = be.alloc(DType::F32, {T, heads * qk});
-      auto v = be.alloc(DType::F32, {T, heads * vd}), out = be.alloc(DType::F32, {T, heads * vd});
+      // The model's layout: kv_b = kv_b_proj output (per head k_nope ‖ v), k_pe the last 64 columns
+      // of the 576-wide gathered latent rows.
+      auto q = be.alloc(DType::F32, {T, heads * qk}), kv_b = be.alloc(DType::F32, {T, heads * (nope + vd)});
+      auto latent = be.alloc(DType::F32, {T, lora + rope}), out = be.alloc(DType::F32, {T, heads * vd});
       be.fill_random(q.t, 21, 0.5f);
-      be.fill_random(k.t, 22, 0.5f);
-      be.fill_random(v.t, 23, 1.0f);
+      be.fill_random(kv_b.t, 22, 0.5f);
+      be.fill_random(latent.t, 23, 0.5f);
       const std::vector<int32_t> cu = {0, static_cast<int32_t>(T)};
       auto tq = be.alloc(DType::I32, {2}), tk = be.alloc(DType::I32, {2});
       be.upload(tq.t, cu.data());
       be.upload(tk.t, cu.data());
-      const ops::MlaExpandedParams p{q.f32(), k.f32(), v.f32(), out.f32(), {tq.t.as<int32_t>(), tk.t.as<int32_t>(), 1},
-                                     T,       heads,   qk,      vd,        0.07f};
+      const ops::MlaExpandedParams p{.q = q.f32(),
+                                     .kv_b = kv_b.f32(),
+                                     .k_pe = latent.f32() + lora,
+                                     .out = out.f32(),
+                                     .seqs = {tq.t.as<int32_t>(), tk.t.as<int32_t>(), 1},
+                                     .total_q = T,
+                                     .num_heads = heads,
+                                     .qk_dim = qk,
+                                     .v_dim = vd,
+                                     .nope_dim = nope,
+                                     .scale = 0.07f,
+                                     .q_stride = 0,
+                                     .kv_b_stride = 0,
+                                     .k_pe_stride = lora + rope};
       const double sec = seconds_per_call(be, T >= 8192 ? 5 : 20, [&](int) { be.mla_expanded(p); });
       const double flops = 2.0 * static_cast<double>(heads * (qk + vd)) * static_cast<double>(T) * T / 2.0;
       const double tflops = flops / sec / 1e12;

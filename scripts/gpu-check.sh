@@ -59,6 +59,20 @@ for v in 1024 128 1000000000; do
       grep -E "^ +[0-9]" | sed "s/^/cublas_min=$v prompt=$len: /"
   done
 done
+echo "== A/B: GEMM activations f32 (hi/lo split, default) or bf16 (--activation-dtype bf16)"
+for act in f32 bf16; do
+  for len in 1000 8000; do
+    "${BENCH[@]}" --activation-dtype $act --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
+      grep -E "^ +[0-9]" | sed "s/^/activations=$act prompt=$len: /"
+  done
+done
+echo "== A/B: MLA decode, 4-stage kernel up to KILN_MLA_SMALL_Q query rows (default 8; 0 = never)"
+for v in 8 0; do
+  for ctx in 128 4096; do
+    KILN_MLA_SMALL_Q=$v "${BENCH[@]}" --batch-sizes 1,8 --prompt-len $ctx --decode-steps 64 2>&1 |
+      grep -E "^ +[0-9]" | sed "s/^/small_q=$v ctx=$ctx: /"
+  done
+done
 echo "== benchmarks"
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
 echo "== op profile: where a decode step's GPU time goes (eager, events around every op)"

@@ -23,7 +23,8 @@ namespace kiln::cli {
 namespace {
 
 struct BenchModelArgs {
-  std::string model, config, device = "cpu", kv_dtype = "auto", batch_sizes = "1,8,32", json_out, kv_cache_memory;
+  std::string model, config, device = "cpu", batch_sizes = "1,8,32", json_out, kv_cache_memory;
+  Precision precision;
   bool random = false, warmup = true, enforce_eager = false;
   int64_t prompt_len = 128, decode_steps = 32, block_size = 64, max_batched_tokens = 8192, prefill_chunk = 0;
   uint64_t seed = 0;
@@ -94,9 +95,7 @@ int run_bench_model(const BenchModelArgs& a) {
     source = a.model;
     model = DeepseekV3Model::load(a.model, *backend);
   }
-  KILN_CHECK(a.kv_dtype == "auto" || a.kv_dtype == "bf16" || a.kv_dtype == "f32",
-             "--kv-cache-dtype must be auto, bf16 or f32, got \"{}\"", a.kv_dtype);
-  if (a.kv_dtype != "auto") model->set_kv_dtype(a.kv_dtype == "bf16" ? DType::BF16 : DType::F32);
+  apply_precision(a.precision, *backend, *model);
   const ModelConfig& c = model->config();
 
   EngineConfig cfg;
@@ -141,6 +140,8 @@ int run_bench_model(const BenchModelArgs& a) {
     nlohmann::json j = {{"model", source},
                         {"random_weights", a.random},
                         {"device", backend->name()},
+                        {"kv_cache_dtype", dtype_name(model->kv_dtype())},
+                        {"activation_dtype", dtype_name(backend->activation_dtype())},
                         {"prompt_len", a.prompt_len},
                         {"decode_steps", a.decode_steps},
                         {"block_size", a.block_size},
@@ -178,8 +179,7 @@ KILN_SUBCOMMAND("bench", "model", "Offline engine throughput of a model (prefill
   sub.add_option("--seed", a->seed, "seed of the prompts and random weights")->capture_default_str();
   sub.add_flag("!--no-warmup", a->warmup, "skip the warm-up run before each batch size");
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
-  sub.add_option("--kv-cache-dtype", a->kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
-      ->capture_default_str();
+  add_precision_options(sub, a->precision);
   sub.add_option("--json", a->json_out, "also write the results as JSON to this file");
   return [a] { return run_bench_model(*a); };
 });

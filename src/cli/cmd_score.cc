@@ -14,13 +14,14 @@ namespace kiln::cli {
 namespace {
 
 struct ScoreArgs {
-  std::string model, device = "cpu", kv_dtype = "auto", ids;
+  std::string model, device = "cpu", ids;
+  Precision precision;
   bool json = false;
 };
 
 int run_score(const ScoreArgs& a) {
   std::vector<int32_t> ids = parse_ids(a.ids, "--ids");
-  LoadedModel m = load_model(a.model, a.device, a.kv_dtype);
+  LoadedModel m = load_model(a.model, a.device, a.precision);
   const int64_t V = m.model->config().vocab_size, T = static_cast<int64_t>(ids.size());
   SequenceCache cache = m.model->new_cache(T);
   std::vector<float> logits = m.model->forward(ids, cache, /*all_logits=*/true);
@@ -49,8 +50,7 @@ KILN_COMMAND("score", "Teacher-forced log-probabilities of a token sequence", []
   auto a = std::make_shared<ScoreArgs>();
   sub.add_option("--model", a->model, "checkpoint directory")->required();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
-  sub.add_option("--kv-cache-dtype", a->kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
-      ->capture_default_str();
+  add_precision_options(sub, a->precision);
   sub.add_option("--ids", a->ids, "comma-separated token ids")->required();
   sub.add_flag("--json", a->json, "print JSON");
   return [a] { return run_score(*a); };

@@ -23,8 +23,8 @@ namespace kiln::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model, device = "cpu", kv_dtype = "auto", served_name, kv_cache_memory, tool_parser = "auto",
-                     reasoning = "auto";
+  std::string model, device = "cpu", served_name, kv_cache_memory, tool_parser = "auto", reasoning = "auto";
+  Precision precision;
   server::ServerConfig cfg;
   int tp = 1;
   int64_t max_num_seqs = 256, max_batched_tokens = 8192, max_model_len = 0, num_kv_blocks = 0, block_size = 64;
@@ -91,7 +91,7 @@ int run_serve(ServeArgs a) {
              "--reasoning-parser must be auto, on or off, got '{}'", a.reasoning);
   a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
 
-  LoadedModel m = load_model(a.model, a.device, a.kv_dtype);
+  LoadedModel m = load_model(a.model, a.device, a.precision);
   EngineConfig ec;
   ec.block_size = a.block_size;
   ec.scheduler.max_num_seqs = a.max_num_seqs;
@@ -148,8 +148,7 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_option("--host", c.host, "address to bind (0.0.0.0 to expose)")->capture_default_str();
   sub.add_option("--port", c.port, "port (0: any free port)")->capture_default_str();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
-  sub.add_option("--kv-cache-dtype", a->kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
-      ->capture_default_str();
+  add_precision_options(sub, a->precision);
   sub.add_option("--tp", a->tp, "tensor-parallel GPUs")->capture_default_str();
   sub.add_option("--api-key", c.api_key, "require 'Authorization: Bearer KEY' (or set KILN_API_KEY)");
   sub.add_option("--served-model-name", a->served_name, "model id clients use (default: the directory name)");

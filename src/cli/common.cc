@@ -33,13 +33,32 @@ std::unique_ptr<ops::Backend> make_backend(const std::string& device) {
   return ops::make_cuda_backend();
 }
 
-LoadedModel load_model(const std::string& dir, const std::string& device, const std::string& kv_dtype) {
-  KILN_CHECK(kv_dtype == "auto" || kv_dtype == "bf16" || kv_dtype == "f32",
-             "--kv-cache-dtype must be auto, bf16 or f32, got \"{}\"", kv_dtype);
+void add_precision_options(CLI::App& sub, Precision& p) {
+  sub.add_option("--kv-cache-dtype", p.kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
+      ->capture_default_str();
+  sub.add_option("--activation-dtype", p.activation_dtype,
+                 "activations of the tensor-core GEMMs (prefill-sized layers and experts), CUDA: f32 (split into "
+                 "bf16 hi + lo parts: the reference's precision at twice the tensor work) or bf16 (rounded once, as "
+                 "vLLM and SGLang; twice the rate)")
+      ->capture_default_str();
+}
+
+void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model) {
+  KILN_CHECK(p.kv_dtype == "auto" || p.kv_dtype == "bf16" || p.kv_dtype == "f32",
+             "--kv-cache-dtype must be auto, bf16 or f32, got \"{}\"", p.kv_dtype);
+  KILN_CHECK(p.activation_dtype == "f32" || p.activation_dtype == "bf16",
+             "--activation-dtype must be f32 or bf16, got \"{}\"", p.activation_dtype);
+  KILN_CHECK(p.activation_dtype == "f32" || backend.device() == Device::CUDA,
+             "--activation-dtype bf16 needs --device cuda (the CPU reference keeps f32 activations)");
+  if (p.kv_dtype != "auto") model.set_kv_dtype(p.kv_dtype == "bf16" ? DType::BF16 : DType::F32);
+  backend.set_activation_dtype(p.activation_dtype == "bf16" ? DType::BF16 : DType::F32);
+}
+
+LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision) {
   LoadedModel m;
   m.backend = make_backend(device);
   m.model = DeepseekV3Model::load(dir, *m.backend);
-  if (kv_dtype != "auto") m.model->set_kv_dtype(kv_dtype == "bf16" ? DType::BF16 : DType::F32);
+  apply_precision(precision, *m.backend, *m.model);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,
                m.model->config().num_attention_heads, m.backend->name());
   spdlog::info("kernel plan ({} heads per GPU):", m.model->config().num_attention_heads);

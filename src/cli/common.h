@@ -1,6 +1,8 @@
 // Helpers the subcommands share: id lists, device choice, model loading.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +22,15 @@ struct LoadedModel {
   std::unique_ptr<ops::Backend> backend;
   std::unique_ptr<DeepseekV3Model> model;
 };
-// kv_dtype: "auto" (the backend's: bf16 on CUDA, f32 on the CPU), "bf16" or "f32".
-LoadedModel load_model(const std::string& dir, const std::string& device, const std::string& kv_dtype = "auto");
+// Number formats a run chooses (the same flags on generate, score, serve and bench model).
+struct Precision {
+  std::string kv_dtype = "auto";         // latent KV cache: auto (the backend's), bf16 or f32
+  std::string activation_dtype = "f32";  // tensor-core GEMM activations: f32 (hi/lo split) or bf16
+};
+void add_precision_options(CLI::App& sub, Precision& p);
+// Checks both flags (a clear error naming the bad one) and sets them on the backend and model.
+void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
+
+LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision = {});
 
 }  // namespace kiln::cli

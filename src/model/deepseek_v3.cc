@@ -395,15 +395,24 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     const int64_t ctx = in.total_kv;
     OwnedTensor kv = scratch(ctx, row);  // [total_kv, row]: every sequence's context, contiguous
     be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, ctx, kv.f32()});
-    OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]
+    OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]: per head k_nope ‖ v
     be_.linear({kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r});
-    OwnedTensor k = scratch(ctx, nh * qk), v = scratch(ctx, nh * vd);  // [ctx, nh, qk], [ctx, nh, v]
-    be_.copy({kvb.f32(), nope + vd, k.f32(), qk, ctx * nh, nope});
-    be_.copy({kvb.f32() + nope, nope + vd, v.f32(), vd, ctx * nh, vd});
-    // The shared k_pe into every head: one broadcast copy (was one launch per head).
-    be_.copy({kv.f32() + r, row, k.f32() + nope, qk, ctx * nh, rope, nh});
+    // Attention reads k_nope and v from kvb and the shared roped k_pe from kv's last rope columns.
     const ops::VarlenSeqs seqs{in.cu_q.t.as<int32_t>(), in.cu_kv.t.as<int32_t>(), in.B};
-    be_.mla_expanded({q, k.f32(), v.f32(), o.f32(), seqs, T, nh, qk, vd, scale_, q_stride});
+    be_.mla_expanded({.q = q,
+                      .kv_b = kvb.f32(),     // [ctx, nh, nope + v]
+                      .k_pe = kv.f32() + r,  // [ctx, rope], rows `row` apart
+                      .out = o.f32(),
+                      .seqs = seqs,
+                      .total_q = T,
+                      .num_heads = nh,
+                      .qk_dim = qk,
+                      .v_dim = vd,
+                      .nope_dim = nope,
+                      .scale = scale_,
+                      .q_stride = q_stride,
+                      .kv_b_stride = nh * (nope + vd),
+                      .k_pe_stride = row});
   } else {
     // q folded through W_uk (q_lat) with the roped q_pe beside it, in the same op as the latent rows.
     OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]: q_lat ‖ q_pe

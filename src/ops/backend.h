@@ -35,6 +35,14 @@ class Backend {
   // Element type of the latent KV pool (PagedKv::pool): F32 on the CPU reference, BF16 on CUDA
   // (half the bytes that bandwidth-bound decode attention reads per step).
   virtual DType kv_dtype() const = 0;
+  // What the tensor-core GEMMs (prefill-sized linear layers and experts) multiply activations as.
+  // F32 (the default): the f32 activation is split into two bf16 parts, hi + lo, so a GEMM keeps
+  // ~16 mantissa bits of it at twice the tensor work. BF16: the activation is rounded to bf16
+  // once, as vLLM and SGLang do, for twice the rate. Decode-sized GEMVs read f32 activations
+  // either way. The CPU reference takes F32 only. Set it before capturing CUDA graphs: a captured
+  // step keeps the precision it was recorded with.
+  virtual void set_activation_dtype(DType t) = 0;
+  virtual DType activation_dtype() const = 0;
   // Fills a tensor with uniform(-scale, scale) values from a counter-based hash of `seed`
   // (random-weight benchmarks; no host round trip).
   virtual void fill_random(const Tensor& t, uint64_t seed, float scale) = 0;

@@ -76,7 +76,7 @@ struct AddParams {
 };
 
 // Copies a [rows, cols] block between strided rows; destination row r reads source row
-// r / src_repeat (src_repeat > 1 broadcasts each source row, e.g. the shared k_pe to every head).
+// r / src_repeat (src_repeat > 1 broadcasts each source row to src_repeat destination rows).
 struct CopyParams {
   const float* src;  // [rows / src_repeat, cols], rows src_stride apart
   int64_t src_stride;
@@ -113,17 +113,23 @@ struct VarlenSeqs {
   int64_t num_seqs;
 };
 
-// Expanded MLA (prefill form): per-head k_nope and v from kv_b_proj; q·k over qk_dim.
+// Expanded MLA (prefill form): per-head k_nope and v straight from the kv_b_proj output, the shared
+// roped k_pe straight from the gathered latent rows; q·k over qk_dim = nope_dim + rope_dim. Key j of
+// head h is (kv_b[j, h, :nope_dim] ‖ k_pe[j, :]), its value kv_b[j, h, nope_dim : nope_dim + v_dim].
 struct MlaExpandedParams {
-  const float* q;  // [total_q, num_heads, qk_dim]  (q_nope ‖ roped q_pe), rows q_stride apart
-  const float* k;  // [total_kv, num_heads, qk_dim] (k_nope ‖ roped k_pe)
-  const float* v;  // [total_kv, num_heads, v_dim]
-  float* out;      // [total_q, num_heads, v_dim]
+  const float* q;     // [total_q, num_heads, qk_dim]  (q_nope ‖ roped q_pe), rows q_stride apart
+  const float* kv_b;  // [total_kv, num_heads, nope_dim + v_dim]: per head k_nope ‖ v (the kv_b_proj output),
+                      // rows kv_b_stride apart
+  const float* k_pe;  // [total_kv, rope_dim] shared by every head (roped), rows k_pe_stride apart
+  float* out;         // [total_q, num_heads, v_dim]
   VarlenSeqs seqs;
   int64_t total_q;  // cu_q[num_seqs], known on the host
   int64_t num_heads, qk_dim, v_dim;
+  int64_t nope_dim;  // k_nope's width in kv_b; rope_dim = qk_dim - nope_dim is k_pe's
   float scale;
-  int64_t q_stride = 0;  // rows of q this far apart (0: num_heads * qk_dim), e.g. a view of a fused projection
+  int64_t q_stride = 0;     // rows of q this far apart (0: num_heads * qk_dim), e.g. a view of a fused projection
+  int64_t kv_b_stride = 0;  // rows of kv_b this far apart (0: num_heads * (nope_dim + v_dim))
+  int64_t k_pe_stride = 0;  // rows of k_pe this far apart (0: rope_dim), e.g. the k_pe columns of latent rows
 };
 
 // The paged latent KV cache of one layer as attention reads it: row j of sequence b lives in

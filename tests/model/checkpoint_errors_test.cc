@@ -153,6 +153,17 @@ TEST_F(BadCheckpoint, BadIdsFlag) {
   expect_error(run_kiln("score --model " + dir_ + " --ids 1,99999"), {"99999", "vocabulary"});
 }
 
+TEST_F(BadCheckpoint, BadPrecisionFlags) {
+  write();
+  const std::string base = "score --model " + dir_ + " --ids 1,2,3 ";
+  expect_error(run_kiln(base + "--activation-dtype fp16"), {"--activation-dtype", "\"fp16\""});
+  expect_error(run_kiln(base + "--kv-cache-dtype fp8"), {"--kv-cache-dtype", "\"fp8\""});
+  // bf16 activations are a CUDA-backend choice: the CPU reference says so instead of ignoring it.
+  expect_error(run_kiln(base + "--device cpu --activation-dtype bf16"), {"--activation-dtype bf16", "--device cuda"});
+  auto r = run_kiln(base + "--activation-dtype f32 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+}
+
 TEST_F(BadCheckpoint, MissingDirectory) {
   expect_error(run_kiln("score --model /nonexistent/kiln --ids 1,2"), {"/nonexistent/kiln"});
 }

@@ -159,6 +159,47 @@ TEST(Parity, LinearHeads) {
   }
 }
 
+// --activation-dtype bf16: the cuBLASLt GEMMs (> 8 rows) round x to bf16 once, so on the CPU the
+// same x rounded first gives the same products (only accumulation order differs); the GEMVs (<= 8
+// rows) keep f32 x. Cases: y written in place by the GEMM (aligned, n % 64 == 0), through scratch
+// (n 163, strided y), with a fused addend, and batched heads.
+TEST(Parity, LinearBf16Activations) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  const GpuActivations bf16(DType::BF16);
+  struct S {
+    int64_t m, n, k, heads, ys;
+    bool add;
+  };
+  for (S s : {S{3, 300, 129, 1, 300, false}, S{256, 512, 1000, 1, 512, false}, S{33, 4096, 512, 1, 4096, true},
+              S{128, 163, 90, 1, 163, false}, S{300, 512, 128, 1, 600, false}, S{64, 512, 128, 5, 0, false},
+              S{9, 128, 64, 16, 0, false}}) {
+    const int64_t ys = s.heads > 1 ? s.heads * s.n : s.ys;
+    const auto x = randn(static_cast<size_t>(s.m * s.heads * s.k), 30);
+    const auto w = bf16_round(randn(static_cast<size_t>(s.heads * s.n * s.k), 31, 0.1f));
+    const auto add = randn(static_cast<size_t>(s.m * ys), 32);
+    const bool gemv = s.m <= 8;
+    std::vector<float> out[2];
+    ops::Backend* be[2] = {cpu.get(), gpu.get()};
+    for (int b = 0; b < 2; ++b) {
+      auto tx = put(*be[b], b || gemv ? x : bf16_round(x)), tw = put(*be[b], w, b ? DType::BF16 : DType::F32);
+      auto ty = poisoned(*be[b], static_cast<size_t>(s.m * ys)), ta = put(*be[b], add);
+      if (s.heads > 1) {
+        be[b]->linear_heads(
+            {tx.f32(), 0, s.k, tw.t.data, s.n * s.k, tw.t.dtype, ty.f32(), 0, s.n, s.heads, s.m, s.n, s.k});
+      } else {
+        ops::LinearParams p{tx.f32(), 0, tw.t.data, tw.t.dtype, ty.f32(), ys, s.m, s.n, s.k};
+        if (s.add) p.add = ta.f32();
+        be[b]->linear(p);
+      }
+      out[b] = get(*be[b], ty);
+      for (int64_t r = 0; r < s.m; ++r)  // columns past n of a strided y are never written
+        for (int64_t j = s.heads * s.n; j < ys; ++j) out[b][static_cast<size_t>(r * ys + j)] = 0.0f;
+    }
+    EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << s.m << "x" << s.n << "x" << s.k << ", " << s.heads << " heads";
+  }
+}
+
 // What decode layers fuse into linear: their RMSNorm (of x + residual) inside the first projection
 // and the residual add inside the last, against the op sequence it replaces.
 struct FusedLinearCase {

@@ -1,11 +1,13 @@
 // MLA attention on the GPU against the CPU reference: absorbed (paged decode over the bf16 and f32
 // latent pools, split-KV, multi-token, padding sequences) and expanded (prefill, varlen, causal
-// with a cached prefix), across head counts {1, 5, 8, 12, 16, 24, 64, 128}, contexts 1..32k and
+// with a cached prefix; k_nope and v read from the kv_b_proj output, the shared k_pe from strided
+// latent rows), across head counts {1, 5, 8, 12, 16, 24, 64, 128}, contexts 1..32k and
 // batches 1..256; plus padding heads are harmless (mla_prepare's W_uk fold: mla_prepare_fold_test.cc).
 // The MlaCpu tests need no GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 
@@ -49,15 +51,18 @@ DecodeInputs make_decode(const DecodeCase& c, uint64_t seed) {
   return in;
 }
 
-// Runs absorbed attention on one backend over a pool of `pool_dtype`, into a NaN-poisoned output.
+// Runs absorbed attention on one backend over a pool of `pool_dtype`, into a NaN-poisoned output;
+// `before` (when set) runs on the uploaded pool first, on the same stream.
 std::vector<float> run_absorbed(ops::Backend& be, const DecodeCase& c, const std::vector<float>& q,
-                                const DecodeInputs& in, DType pool_dtype) {
+                                const DecodeInputs& in, DType pool_dtype,
+                                const std::function<void(void* pool)>& before = {}) {
   const int64_t B = static_cast<int64_t>(c.kv_lens.size()), total_q = B * c.q_per_seq;
   std::vector<int32_t> cu(static_cast<size_t>(B + 1));
   for (int64_t b = 0; b <= B; ++b) cu[static_cast<size_t>(b)] = static_cast<int32_t>(b * c.q_per_seq);
   auto tq = put(be, q), tp = put(be, in.pool, pool_dtype), tt = put_raw(be, in.table, DType::I32),
        tl = put_raw(be, c.kv_lens, DType::I32), tc = put_raw(be, cu, DType::I32);
   auto to = poisoned(be, static_cast<size_t>(total_q * c.heads * kLora));
+  if (before) before(tp.t.data);
   be.mla_absorbed({tq.f32(),
                    {tp.t.data, pool_dtype, tt.t.as<int32_t>(), tl.t.as<int32_t>(), c.block_size, in.max_blocks},
                    tc.t.as<int32_t>(),
@@ -127,14 +132,17 @@ TEST(MlaParity, AbsorbedBf16PoolAcrossHeadsContextsBatches) {
 
 // The tensor-core kernel merges its splits in the same launch, through counters each launch must
 // leave at zero and in an order fixed by split index: the same call twice is bitwise equal. Contexts
-// sit on either side of split boundaries (64 rows a split at least; on a 132-SM GPU 8192 rows fill
-// 128 splits of 64 exactly, 8193 takes 86 of 96), in one- and two-tile (24-head) CTAs.
+// sit on either side of split boundaries: one query row takes the 4-stage kernel (128 rows a split
+// at least; on a 132-SM GPU 8192 rows fill 64 splits of 128), 9+ rows the 2-stage one (64 rows at
+// least), 24 heads two-tile CTAs (64 rows at least).
 TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
   std::vector<DecodeCase> cases;
-  for (int32_t ctx : {64, 65, 128, 129, 8192, 8193}) cases.push_back({16, {ctx}, 1});
+  for (int32_t ctx : {64, 65, 128, 129, 256, 257, 8192, 8193}) cases.push_back({16, {ctx}, 1});
+  for (int32_t ctx : {64, 65, 128, 129}) cases.push_back({16, std::vector<int32_t>(9, ctx), 1});
   cases.push_back({24, {129, 4000}, 2});
+  cases.push_back({24, {64, 65, 128, 129}, 1});
   cases.push_back({16, std::vector<int32_t>(8, 1000), 1});
   uint64_t seed = 1300;
   for (const auto& c : cases) {
@@ -143,6 +151,72 @@ TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
     auto again = run_absorbed(*gpu, c, in.q, in, DType::BF16);
     EXPECT_EQ(first, again) << describe(c);
     EXPECT_LE(norm_err(run_absorbed(*cpu, c, in.q, in, DType::BF16), first), 1e-2) << describe(c);
+  }
+}
+
+// mla_prepare writes this step's latent rows, then mla_absorbed reads them, back to back on one
+// stream (as in a decode step). The tensor-core decode kernel requests the tiles of earlier rows
+// before it waits for the kernel before it; a tile holding any new row must wait. The pool starts
+// with stale values in the new rows' slots, so reading one early changes the output. Contexts put
+// the new rows on either side of 32-row tile edges, 1-4 new rows per sequence, 16 heads (the
+// 4-stage kernel up to 8 query rows, the 2-stage one beyond) and 128 heads.
+TEST(MlaParity, PrepareThenAbsorbedSeesTheNewRows) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  std::vector<DecodeCase> cases;
+  for (int64_t qn : {1, 2, 4})
+    for (int64_t heads : {16, 128}) cases.push_back({heads, {32, 33, 64, 129, 1000}, qn});
+  cases.push_back({16, std::vector<int32_t>(12, 96), 1});  // 12 query rows: the 2-stage kernel
+  cases.push_back({16, {31, 32, 33, 65}, 3});
+  uint64_t seed = 1700;
+  for (const auto& c : cases) {
+    const auto in = make_decode(c, seed += 10);
+    const int64_t B = static_cast<int64_t>(c.kv_lens.size()), T = B * c.q_per_seq;
+    std::vector<int32_t> positions, slots;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < c.q_per_seq; ++i) {
+        const int32_t pos = c.kv_lens[static_cast<size_t>(b)] - static_cast<int32_t>(c.q_per_seq - i);
+        positions.push_back(pos);
+        slots.push_back(in.table[static_cast<size_t>(b * in.max_blocks + pos / c.block_size)] *
+                            static_cast<int32_t>(c.block_size) +
+                        pos % static_cast<int32_t>(c.block_size));
+      }
+    const auto kva = randn(static_cast<size_t>(T * kRow), seed + 3);
+    const auto norm_w = bf16_round(randn(kLora, seed + 4, 0.5f));
+    std::vector<float> inv_freq(kRope / 2);
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / kRope);
+    auto run = [&](ops::Backend& be) {
+      auto tk = put(be, kva), tn = put(be, norm_w, DType::BF16);
+      auto tpos = put_raw(be, positions, DType::I32), tslot = put_raw(be, slots, DType::I32);
+      auto tf = put(be, inv_freq), tqpe = put(be, std::vector<float>(static_cast<size_t>(T * c.heads * kRope), 0.5f));
+      return run_absorbed(be, c, in.q, in, DType::BF16, [&](void* pool) {
+        be.mla_prepare({.q_in = tqpe.f32(),
+                        .q_in_stride = c.heads * kRope,
+                        .q_in_head_stride = kRope,
+                        .q_out = tqpe.f32(),
+                        .q_out_stride = c.heads * kRope,
+                        .q_out_head_stride = kRope,
+                        .num_heads = c.heads,
+                        .kva = tk.f32(),
+                        .kva_stride = kRow,
+                        .norm_weight = tn.t.data,
+                        .norm_weight_dtype = DType::BF16,
+                        .eps = 1e-6f,
+                        .positions = tpos.t.as<int32_t>(),
+                        .inv_freq = tf.f32(),
+                        .attention_factor = 1.0f,
+                        .interleaved = true,
+                        .slots = tslot.t.as<int32_t>(),
+                        .pool = pool,
+                        .pool_dtype = DType::BF16,
+                        .num_tokens = T,
+                        .kv_lora = kLora,
+                        .rope_dim = kRope});
+      });
+    };
+    const auto want = run(*cpu), got = run(*gpu);
+    EXPECT_LE(norm_err(want, got), 1e-2) << describe(c);
+    for (int rep = 0; rep < 4; ++rep) EXPECT_EQ(run(*gpu), got) << describe(c) << ", repeat " << rep;
   }
 }
 
@@ -238,31 +312,82 @@ TEST(MlaCpu, KvScatterRoundsToNearestEvenAndGatherWidens) {
 struct PrefillCase {
   int64_t heads, qk, v;
   std::vector<int32_t> q_lens, kv_lens;  // kv_len >= q_len: the rest is a cached prefix
+  int64_t rope = 64;                     // k_pe's width; k_nope's is qk - rope
+  int64_t nope() const { return qk - rope; }
+  int64_t total_q() const { return std::accumulate(q_lens.begin(), q_lens.end(), int64_t{0}); }
+  int64_t total_kv() const { return std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0}); }
 };
 
-// q_stride: q's rows this far apart (0: contiguous).
-std::vector<float> run_expanded(ops::Backend& be, const PrefillCase& c, const std::vector<float>& q,
-                                const std::vector<float>& k, const std::vector<float>& v, int64_t q_stride = 0) {
+// The op's inputs as the model has them: q, the kv_b_proj output (per head k_nope ‖ v) and the
+// shared roped k_pe.
+struct PrefillInputs {
+  std::vector<float> q;     // [total_q, heads, qk]
+  std::vector<float> kv_b;  // [total_kv, heads, nope + v]
+  std::vector<float> k_pe;  // [total_kv, rope]
+};
+
+PrefillInputs make_prefill(const PrefillCase& c, uint64_t seed) {
+  const auto tq = static_cast<size_t>(c.total_q()), tkv = static_cast<size_t>(c.total_kv());
+  const auto h = static_cast<size_t>(c.heads);
+  // k_nope and k_pe at 0.5, v at 1 (as the k and v of the per-head layout were).
+  auto kv_b = randn(tkv * h * static_cast<size_t>(c.nope() + c.v), seed + 2);
+  auto k_nope = randn(kv_b.size(), seed + 1, 0.5f);
+  for (size_t i = 0; i < kv_b.size(); ++i)
+    if (static_cast<int64_t>(i) % (c.nope() + c.v) < c.nope()) kv_b[i] = k_nope[i];
+  return {randn(tq * h * static_cast<size_t>(c.qk), seed, 0.5f), kv_b,
+          randn(tkv * static_cast<size_t>(c.rope), seed + 3, 0.5f)};
+}
+
+// How the inputs lie in memory (0: dense rows). k_pe_offset: k_pe's first column this far into its
+// (wider) rows, as in the model's gathered latent rows (k_pe at column kv_lora of 576).
+struct PrefillLayout {
+  int64_t q_stride = 0, kv_b_stride = 0, k_pe_stride = 0, k_pe_offset = 0;
+};
+
+// Rows of `x` (each `width` wide) with `lead` NaN columns before and `pad` NaN columns after each:
+// a view of a wider row (e.g. the fused q + kv_a projection without q LoRA, or the latent rows).
+std::vector<float> widen_rows(const std::vector<float>& x, int64_t width, int64_t pad, int64_t lead = 0) {
+  std::vector<float> out;
+  for (size_t t = 0; t < x.size() / static_cast<size_t>(width); ++t) {
+    out.insert(out.end(), static_cast<size_t>(lead), NAN);
+    out.insert(out.end(), x.begin() + static_cast<int64_t>(t) * width, x.begin() + static_cast<int64_t>(t + 1) * width);
+    out.insert(out.end(), static_cast<size_t>(pad), NAN);
+  }
+  return out;
+}
+
+// Runs expanded attention on one backend; the inputs are already laid out as `l` says.
+std::vector<float> run_expanded(ops::Backend& be, const PrefillCase& c, const PrefillInputs& in,
+                                const PrefillLayout& l = {}) {
   std::vector<int32_t> cu_q = {0}, cu_kv = {0};
   for (size_t b = 0; b < c.q_lens.size(); ++b) {
     cu_q.push_back(cu_q.back() + c.q_lens[b]);
     cu_kv.push_back(cu_kv.back() + c.kv_lens[b]);
   }
-  auto tq = put(be, q), tk = put(be, k), tv = put(be, v), tcq = put_raw(be, cu_q, DType::I32),
+  auto tq = put(be, in.q), tkvb = put(be, in.kv_b), tkpe = put(be, in.k_pe), tcq = put_raw(be, cu_q, DType::I32),
        tck = put_raw(be, cu_kv, DType::I32);
   auto to = poisoned(be, static_cast<size_t>(cu_q.back() * c.heads * c.v));
-  be.mla_expanded({tq.f32(),
-                   tk.f32(),
-                   tv.f32(),
-                   to.f32(),
-                   {tcq.t.as<int32_t>(), tck.t.as<int32_t>(), static_cast<int64_t>(c.q_lens.size())},
-                   cu_q.back(),
-                   c.heads,
-                   c.qk,
-                   c.v,
-                   0.09f,
-                   q_stride});
+  be.mla_expanded({.q = tq.f32(),
+                   .kv_b = tkvb.f32(),
+                   .k_pe = tkpe.f32() + l.k_pe_offset,
+                   .out = to.f32(),
+                   .seqs = {tcq.t.as<int32_t>(), tck.t.as<int32_t>(), static_cast<int64_t>(c.q_lens.size())},
+                   .total_q = cu_q.back(),
+                   .num_heads = c.heads,
+                   .qk_dim = c.qk,
+                   .v_dim = c.v,
+                   .nope_dim = c.nope(),
+                   .scale = 0.09f,
+                   .q_stride = l.q_stride,
+                   .kv_b_stride = l.kv_b_stride,
+                   .k_pe_stride = l.k_pe_stride});
   return get(be, to);
+}
+
+std::string describe(const PrefillCase& c) {
+  return std::to_string(c.heads) + " heads, qk " + std::to_string(c.qk) + " (rope " + std::to_string(c.rope) + "), v " +
+         std::to_string(c.v) + ", " + std::to_string(c.q_lens.size()) + " seqs, first q_len " +
+         std::to_string(c.q_lens[0]) + " kv_len " + std::to_string(c.kv_lens[0]);
 }
 
 // qk 192 / v 128 (the DeepSeek-V3 shape) runs on tensor cores: q, k, v and the softmax weights P
@@ -285,8 +410,8 @@ TEST(MlaParity, ExpandedPrefillVarlenCausal) {
     cases.push_back({h, 192, 128, {200}, {700}});  // two query tiles over a cached prefix
   }
   cases.push_back({12, 192, 128, {1000, 3, 64, 129}, {1500, 3, 200, 129}});  // chunks over cached prefixes
-  cases.push_back({5, 30, 20, {17, 1}, {17, 9}});                            // odd head dims (f32 kernel)
-  cases.push_back({12, 32, 24, {300, 5}, {300, 40}});                        // a fixture's dims (f32 kernel)
+  cases.push_back({5, 30, 20, {17, 1}, {17, 9}, 7});                         // odd head dims (f32 kernel)
+  cases.push_back({12, 32, 24, {300, 5}, {300, 40}, 16});                    // a fixture's dims (f32 kernel)
   cases.push_back({16, 192, 128, {2048}, {2048}});
   cases.push_back({2, 192, 128, {8192}, {8192}});
   cases.push_back({1, 192, 128, {1024, 300, 77}, {16384, 8000, 77}});  // 16k context, long prefixes
@@ -301,15 +426,9 @@ TEST(MlaParity, ExpandedPrefillVarlenCausal) {
   }
   uint64_t seed = 500;
   for (const auto& c : cases) {
-    int64_t tq = 0, tkv = 0;
-    for (size_t b = 0; b < c.q_lens.size(); ++b) tq += c.q_lens[b], tkv += c.kv_lens[b];
-    auto q = randn(static_cast<size_t>(tq * c.heads * c.qk), seed += 3, 0.5f);
-    auto k = randn(static_cast<size_t>(tkv * c.heads * c.qk), seed + 1, 0.5f);
-    auto v = randn(static_cast<size_t>(tkv * c.heads * c.v), seed + 2);
-    auto ref = run_expanded(*cpu, c, q, k, v), got = run_expanded(*gpu, c, q, k, v);
-    EXPECT_LE(norm_err(ref, got), expanded_bound(c))
-        << c.heads << " heads, qk " << c.qk << ", " << c.q_lens.size() << " seqs, first q_len " << c.q_lens[0]
-        << " kv_len " << c.kv_lens[0];
+    const auto in = make_prefill(c, seed += 4);
+    auto ref = run_expanded(*cpu, c, in), got = run_expanded(*gpu, c, in);
+    EXPECT_LE(norm_err(ref, got), expanded_bound(c)) << describe(c);
   }
 }
 
@@ -318,42 +437,101 @@ TEST(MlaParity, ExpandedTwelveHeadsInsideSixteen) {
   KILN_NEED_GPU();
   auto& gpu = backends().gpu;
   // Two sequences: 260 queries over 270 keys (a cached prefix), and 30 over 30.
-  const int64_t Tq = 290, Tkv = 300, qk = 192, vd = 128;
+  const int64_t qk = 192, vd = 128, kvd = 128 + vd;  // kvd: one head of kv_b (nope + v)
   PrefillCase c16{16, qk, vd, {260, 30}, {270, 30}};
   PrefillCase c12{12, qk, vd, {260, 30}, {270, 30}};
-  auto q16 = randn(static_cast<size_t>(Tq * 16 * qk), 1), k16 = randn(static_cast<size_t>(Tkv * 16 * qk), 2),
-       v16 = randn(static_cast<size_t>(Tkv * 16 * vd), 3);
+  const auto in16 = make_prefill(c16, 1);
   auto first12 = [&](const std::vector<float>& x, int64_t d) {
     std::vector<float> r;
     const auto rows = static_cast<int64_t>(x.size()) / (16 * d);
     for (int64_t t = 0; t < rows; ++t) r.insert(r.end(), x.begin() + t * 16 * d, x.begin() + (t * 16 + 12) * d);
     return r;
   };
-  auto out16 = run_expanded(*gpu, c16, q16, k16, v16);
-  auto out12 = run_expanded(*gpu, c12, first12(q16, qk), first12(k16, qk), first12(v16, vd));
+  auto out16 = run_expanded(*gpu, c16, in16);
+  auto out12 = run_expanded(*gpu, c12, {first12(in16.q, qk), first12(in16.kv_b, kvd), in16.k_pe});
   EXPECT_EQ(first12(out16, vd), out12);
 }
 
-// q as a view of a wider row (the fused q + kv_a projection without q LoRA): `pad` spare columns
-// after each token's heads.
-std::vector<float> widen_rows(const std::vector<float>& q, int64_t width, int64_t pad) {
-  std::vector<float> out;
-  for (size_t t = 0; t < q.size() / static_cast<size_t>(width); ++t) {
-    out.insert(out.end(), q.begin() + static_cast<int64_t>(t) * width, q.begin() + static_cast<int64_t>(t + 1) * width);
-    out.insert(out.end(), static_cast<size_t>(pad), NAN);
-  }
-  return out;
+// Lays `in` out as `pad` (q, kv_b: spare columns after each row) and `lead`/`k_pe_row` (k_pe's
+// columns at `lead` of rows `k_pe_row` wide) say; returns the layout to pass.
+PrefillLayout lay_out(const PrefillCase& c, PrefillInputs& in, int64_t q_pad, int64_t kv_b_pad, int64_t lead,
+                      int64_t k_pe_row) {
+  const int64_t qw = c.heads * c.qk, kvw = c.heads * (c.nope() + c.v);
+  in.q = widen_rows(in.q, qw, q_pad);
+  in.kv_b = widen_rows(in.kv_b, kvw, kv_b_pad);
+  in.k_pe = widen_rows(in.k_pe, c.rope, k_pe_row - lead - c.rope, lead);
+  return {qw + q_pad, kvw + kv_b_pad, k_pe_row, lead};
 }
 
-// CPU only: strided q gives the contiguous result bit for bit.
-TEST(MlaCpu, ExpandedReadsStridedQ) {
+// CPU only: strided q, kv_b and k_pe (k_pe inside wider rows, as the model's latent rows) give the
+// dense result bit for bit.
+TEST(MlaCpu, ExpandedReadsStridedRows) {
   auto& cpu = backends().cpu;
-  for (const PrefillCase& c : {PrefillCase{5, 30, 20, {17, 1}, {17, 9}}, PrefillCase{12, 192, 128, {40}, {70}}}) {
-    const int64_t tq = std::accumulate(c.q_lens.begin(), c.q_lens.end(), int64_t{0}),
-                  tkv = std::accumulate(c.kv_lens.begin(), c.kv_lens.end(), int64_t{0}), w = c.heads * c.qk;
-    auto q = randn(static_cast<size_t>(tq * w), 60, 0.5f), k = randn(static_cast<size_t>(tkv * w), 61, 0.5f),
-         v = randn(static_cast<size_t>(tkv * c.heads * c.v), 62);
-    EXPECT_EQ(run_expanded(*cpu, c, q, k, v), run_expanded(*cpu, c, widen_rows(q, w, 580), k, v, w + 580));
+  for (const PrefillCase& c : {PrefillCase{5, 30, 20, {17, 1}, {17, 9}, 7}, PrefillCase{12, 192, 128, {40}, {70}}}) {
+    const auto dense = make_prefill(c, 60);
+    auto strided = dense;
+    const PrefillLayout l = lay_out(c, strided, 580, 3, 512, 576);
+    EXPECT_EQ(run_expanded(*cpu, c, dense), run_expanded(*cpu, c, strided, l)) << describe(c);
+  }
+}
+
+// CPU only: the op over (kv_b, k_pe) is the per-head attention it stands for: key j of head h is
+// (kv_b[j, h, :nope] ‖ k_pe[j]), its value kv_b[j, h, nope:]. A naive double-precision attention
+// over per-head k and v assembled by hand, causal over each sequence's last q_len keys.
+TEST(MlaCpu, ExpandedEqualsPerHeadAttention) {
+  auto& cpu = backends().cpu;
+  const float scale = 0.09f;  // run_expanded's
+  const std::vector<PrefillCase> cases = {
+      {5, 30, 20, {17, 1, 4}, {17, 9, 30}, 7},  // odd dims, prefixes (cu_kv > cu_q)
+      {3, 192, 128, {40, 5}, {70, 5}},          // the DeepSeek-V3 dims over a prefix
+      {2, 32, 24, {0, 6}, {3, 6}, 16},          // a sequence with no queries
+  };
+  uint64_t seed = 80;
+  for (const auto& c : cases) {
+    const auto in = make_prefill(c, seed += 4);
+    const int64_t H = c.heads, qk = c.qk, vd = c.v, nope = c.nope(), rope = c.rope;
+    const int64_t tkv = c.total_kv();
+    // The old formulation's inputs: per-head k [tkv, H, qk] and v [tkv, H, vd].
+    std::vector<double> k(static_cast<size_t>(tkv * H * qk)), v(static_cast<size_t>(tkv * H * vd));
+    for (int64_t j = 0; j < tkv; ++j) {
+      for (int64_t h = 0; h < H; ++h) {
+        const float* kvb = in.kv_b.data() + (j * H + h) * (nope + vd);
+        for (int64_t d = 0; d < nope; ++d) k[static_cast<size_t>((j * H + h) * qk + d)] = kvb[d];
+        for (int64_t d = 0; d < rope; ++d)
+          k[static_cast<size_t>((j * H + h) * qk + nope + d)] = in.k_pe[static_cast<size_t>(j * rope + d)];
+        for (int64_t d = 0; d < vd; ++d) v[static_cast<size_t>((j * H + h) * vd + d)] = kvb[nope + d];
+      }
+    }
+    std::vector<float> want(static_cast<size_t>(c.total_q() * H * vd));
+    int64_t q0 = 0, kv0 = 0;
+    for (size_t b = 0; b < c.q_lens.size(); ++b) {
+      const int64_t q_len = c.q_lens[b], kv_len = c.kv_lens[b];
+      for (int64_t i = 0; i < q_len; ++i) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t visible = kv_len - q_len + i + 1;
+          std::vector<double> s(static_cast<size_t>(visible));
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = 0; j < visible; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < qk; ++d)
+              dot += in.q[static_cast<size_t>(((q0 + i) * H + h) * qk + d)] *
+                     k[static_cast<size_t>(((kv0 + j) * H + h) * qk + d)];
+            s[static_cast<size_t>(j)] = dot * scale;
+            mx = std::max(mx, s[static_cast<size_t>(j)]);
+          }
+          for (auto& x : s) sum += (x = std::exp(x - mx));
+          for (int64_t d = 0; d < vd; ++d) {
+            double o = 0;
+            for (int64_t j = 0; j < visible; ++j)
+              o += s[static_cast<size_t>(j)] * v[static_cast<size_t>(((kv0 + j) * H + h) * vd + d)];
+            want[static_cast<size_t>(((q0 + i) * H + h) * vd + d)] = static_cast<float>(o / sum);
+          }
+        }
+      }
+      q0 += q_len;
+      kv0 += kv_len;
+    }
+    EXPECT_LE(norm_err(want, run_expanded(*cpu, c, in)), 1e-5) << describe(c);
   }
 }
 
@@ -363,12 +541,41 @@ TEST(MlaParity, ExpandedStridedQ) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
   const PrefillCase c{12, 192, 128, {260, 30}, {270, 30}};
-  const int64_t w = c.heads * c.qk;
-  auto q = randn(static_cast<size_t>(290 * w), 70, 0.5f), k = randn(static_cast<size_t>(300 * w), 71, 0.5f),
-       v = randn(static_cast<size_t>(300 * c.heads * c.v), 72);
-  const auto ref = run_expanded(*cpu, c, q, k, v);
-  for (int64_t pad : {580, 3})
-    EXPECT_LE(norm_err(ref, run_expanded(*gpu, c, widen_rows(q, w, pad), k, v, w + pad)), expanded_bound(c)) << pad;
+  const auto dense = make_prefill(c, 70);
+  const auto ref = run_expanded(*cpu, c, dense);
+  for (int64_t pad : {580, 3}) {
+    auto in = dense;
+    const PrefillLayout l = lay_out(c, in, pad, 0, 0, c.rope);
+    EXPECT_LE(norm_err(ref, run_expanded(*gpu, c, in, l)), expanded_bound(c)) << pad;
+  }
+}
+
+// kv_b and k_pe rows apart by their strides: the model's layout (dense kv_b, k_pe at column 512 of
+// 576-wide latent rows) and other multiples of 4 floats take the tensor cores; a stride or a k_pe
+// start off 16 bytes falls back to the f32 kernel. All read the right rows.
+TEST(MlaParity, ExpandedStridedKvBAndKPe) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  struct Layout {
+    int64_t kv_b_pad, lead, k_pe_row;
+  };
+  const std::vector<Layout> layouts = {
+      {0, 512, 576},  // the model's (tensor cores)
+      {4, 0, 68},     // padded rows, multiples of 4 floats (tensor cores)
+      {3, 512, 576},  // kv_b rows off 16 bytes (f32 kernel)
+      {0, 1, 65},     // k_pe off 16 bytes (f32 kernel)
+  };
+  for (const PrefillCase& c : {PrefillCase{12, 192, 128, {260, 30}, {270, 30}}, PrefillCase{128, 192, 128, {77}, {300}},
+                               PrefillCase{5, 30, 20, {17, 1}, {17, 9}, 7}}) {
+    const auto dense = make_prefill(c, 90);
+    const auto ref = run_expanded(*cpu, c, dense);
+    for (const Layout& s : layouts) {
+      auto in = dense;
+      const PrefillLayout l = lay_out(c, in, 0, s.kv_b_pad, s.lead, s.k_pe_row);
+      EXPECT_LE(norm_err(ref, run_expanded(*gpu, c, in, l)), expanded_bound(c))
+          << describe(c) << ", kv_b pad " << s.kv_b_pad << ", k_pe at " << s.lead << " of " << s.k_pe_row;
+    }
+  }
 }
 
 }  // namespace

@@ -196,6 +196,33 @@ std::vector<float> uniform(size_t n, uint64_t seed, float scale) {
   return v;
 }
 
+// The experts of shape s (weights, routing and shared experts from `seed`) applied to x on `be`,
+// plus `add` fused into the op when given.
+std::vector<float> run_moe_experts(ops::Backend& be, const MoeShape& s, uint64_t seed, const std::vector<float>& x,
+                                   const std::vector<float>* add = nullptr) {
+  const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
+  const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
+  const auto ids = moe_routing(s, seed);
+  std::vector<float> tw(ids.size());
+  for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
+  auto tx = put(be, x), tg = put(be, wgu, DType::BF16), td = put(be, wd, DType::BF16);
+  auto ti = put_raw(be, ids, DType::I32), tww = put(be, tw);
+  auto to = poisoned(be, x.size());
+  ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
+                   to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
+  OwnedTensor tsgu, tsd;
+  if (s.shared_inter > 0) {
+    const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
+    const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
+    tsgu = put(be, sgu, DType::BF16), tsd = put(be, sd, DType::BF16);
+    p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
+  }
+  OwnedTensor ta;
+  if (add) ta = put(be, *add), p.add = ta.f32();
+  be.moe(p);
+  return get(be, to);
+}
+
 TEST(Parity, MoeExperts) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
@@ -230,31 +257,11 @@ TEST(Parity, MoeExperts) {
   uint64_t seed = 100;
   for (const MoeShape& s : shapes) {
     ++seed;
+    // Both backends take the same bf16 weights; x stays f32 (the GPU must keep its precision).
     const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
-    const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
-    const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
-    const auto ids = moe_routing(s, seed);
-    const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
-    const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
-    std::vector<float> tw(ids.size());
-    for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
     std::vector<float> out[3];  // cpu, gpu, gpu again
     ops::Backend* be[3] = {cpu.get(), gpu.get(), gpu.get()};
-    for (int b = 0; b < 3; ++b) {
-      // Both backends take the same bf16 weights; x stays f32 (the GPU must keep its precision).
-      auto tx = put(*be[b], x), tg = put(*be[b], wgu, DType::BF16), td = put(*be[b], wd, DType::BF16);
-      auto ti = put_raw(*be[b], ids, DType::I32), tww = put(*be[b], tw);
-      auto to = poisoned(*be[b], x.size());
-      ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
-                       to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
-      OwnedTensor tsgu, tsd;
-      if (s.shared_inter > 0) {
-        tsgu = put(*be[b], sgu, DType::BF16), tsd = put(*be[b], sd, DType::BF16);
-        p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
-      }
-      be[b]->moe(p);
-      out[b] = get(*be[b], to);
-    }
+    for (int b = 0; b < 3; ++b) out[b] = run_moe_experts(*be[b], s, seed, x);
     const std::string what = std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +
                              std::to_string(s.inter) + ", " + std::to_string(s.experts) + " experts, top-" +
                              std::to_string(s.top_k) + ", routing " + std::to_string(static_cast<int>(s.routing)) +
@@ -269,29 +276,9 @@ TEST(Parity, MoeExperts) {
 
 // The residual add fused into the experts' output (out = experts + add), fused or added after.
 std::vector<float> run_moe_add(ops::Backend& be, const MoeShape& s, uint64_t seed, bool fused) {
-  const auto ids = moe_routing(s, seed);
-  std::vector<float> tw(ids.size());
-  for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
   const auto add = randn(static_cast<size_t>(s.tokens * s.hidden), seed + 3);
-  auto tx = put(be, randn(static_cast<size_t>(s.tokens * s.hidden), seed));
-  auto tg =
-      put(be, bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f)), DType::BF16);
-  auto td =
-      put(be, bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f)), DType::BF16);
-  auto ti = put_raw(be, ids, DType::I32), tww = put(be, tw), ta = put(be, add);
-  auto to = poisoned(be, static_cast<size_t>(s.tokens * s.hidden));
-  ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
-                   to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
-  OwnedTensor tsgu, tsd;
-  if (s.shared_inter > 0) {
-    tsgu =
-        put(be, bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f)), DType::BF16);
-    tsd = put(be, bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f)), DType::BF16);
-    p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
-  }
-  if (fused) p.add = ta.f32();
-  be.moe(p);
-  auto out = get(be, to);
+  auto out =
+      run_moe_experts(be, s, seed, randn(static_cast<size_t>(s.tokens * s.hidden), seed), fused ? &add : nullptr);
   if (!fused)
     for (size_t i = 0; i < out.size(); ++i) out[i] += add[i];
   return out;
@@ -328,6 +315,35 @@ TEST(Parity, MoeWithAdd) {
     seed += 17;
     EXPECT_LE(norm_err(run_moe_add(*cpu, s, seed, true), run_moe_add(*gpu, s, seed, true)), 1e-4)
         << s.tokens << " tokens, hidden " << s.hidden << ", shared " << s.shared_inter;
+  }
+}
+
+// --activation-dtype bf16: every tensor-core path (grouped 16/32/64-row tiles, the skinny kernel,
+// odd widths, cuBLASLt per expert, the shared MLP) multiplies x rounded to bf16 once, and the
+// expert activation silu(g)·u rounded once more. Against the CPU on the same rounded x only that
+// second rounding (2^-9 relative per value) and accumulation order remain; decode GEMVs (<= 8
+// tokens) keep f32 activations and still match the f32 reference.
+TEST(Parity, MoeBf16Activations) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  const GpuActivations bf16(DType::BF16);
+  const MoeShape shapes[] = {{4, 2048, 1408, 64, 6, MoeRouting::Random, 2816},   // decode GEMVs
+                             {16, 2048, 1408, 64, 6, MoeRouting::Random, 2816},  // 16-row tiles, skinny kernel
+                             {256, 256, 128, 64, 6, MoeRouting::OneHot},         // the same, one expert in every token
+                             {256, 256, 128, 16, 4, MoeRouting::Random},         // 32-row tiles
+                             {1000, 96, 40, 8, 2, MoeRouting::Random, 80},       // 64-row tiles
+                             {37, 90, 36, 6, 2, MoeRouting::Random, 36},         // 16-row tiles, scalar weight loads
+                             {1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256},  // cuBLASLt per expert
+                             {1100, 256, 128, 16, 4, MoeRouting::OneHot, 256}};
+  uint64_t seed = 700;
+  for (const MoeShape& s : shapes) {
+    ++seed;
+    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
+    const bool gemv = s.tokens <= 8;
+    const auto want = run_moe_experts(*cpu, s, seed, gemv ? x : bf16_round(x));
+    const auto got = run_moe_experts(*gpu, s, seed, x), again = run_moe_experts(*gpu, s, seed, x);
+    EXPECT_LE(norm_err(want, got), gemv ? 1e-4 : 4e-3) << s.tokens << " tokens, hidden " << s.hidden;
+    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << s.tokens << " tokens";
   }
 }
 

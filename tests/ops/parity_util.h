@@ -29,6 +29,14 @@ inline Backends& backends() {
   return b;
 }
 
+// Sets the GPU backend's GEMM activation dtype for one scope (the backends are process-wide).
+struct GpuActivations {
+  explicit GpuActivations(DType t) { backends().gpu->set_activation_dtype(t); }
+  ~GpuActivations() { backends().gpu->set_activation_dtype(DType::F32); }
+  GpuActivations(const GpuActivations&) = delete;
+  GpuActivations& operator=(const GpuActivations&) = delete;
+};
+
 #define KILN_NEED_GPU() \
   if (!::kiln::test::backends().gpu) GTEST_SKIP() << "no CUDA GPU (or a build without CUDA)"
 

@@ -33,6 +33,11 @@ class CpuBackend final : public Backend {
 
   DType weight_dtype() const override { return DType::F32; }
   DType kv_dtype() const override { return DType::F32; }
+  void set_activation_dtype(DType t) override {
+    KILN_CHECK(t == DType::F32, "the CPU reference keeps f32 activations (bf16 activations are a CUDA option), got {}",
+               dtype_name(t));
+  }
+  DType activation_dtype() const override { return DType::F32; }
   int64_t free_memory_bytes() const override { return host_available_bytes(); }
   void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {

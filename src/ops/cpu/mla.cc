@@ -35,7 +35,11 @@ void check_seqs(const VarlenSeqs& s) {
 
 void mla_expanded(const MlaExpandedParams& p) {
   check_seqs(p.seqs);
+  const int64_t nope = p.nope_dim, rope = p.qk_dim - p.nope_dim, width = nope + p.v_dim;  // width: one head of kv_b
+  KILN_CHECK(nope >= 0 && rope >= 0, "mla_expanded: nope_dim {} outside qk_dim {}", nope, p.qk_dim);
   const int64_t qs = p.q_stride ? p.q_stride : p.num_heads * p.qk_dim;
+  const int64_t kvbs = p.kv_b_stride ? p.kv_b_stride : p.num_heads * width;
+  const int64_t kps = p.k_pe_stride ? p.k_pe_stride : rope;
   for (int64_t b = 0; b < p.seqs.num_seqs; ++b) {
     const int64_t q0 = p.seqs.cu_q[b], q_len = p.seqs.cu_q[b + 1] - q0;
     const int64_t kv0 = p.seqs.cu_kv[b], kv_len = p.seqs.cu_kv[b + 1] - kv0;
@@ -46,16 +50,18 @@ void mla_expanded(const MlaExpandedParams& p) {
         std::vector<float> s(static_cast<size_t>(visible));
         const float* q = p.q + (q0 + i) * qs + h * p.qk_dim;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* k = p.k + ((kv0 + j) * p.num_heads + h) * p.qk_dim;
+          const float* k_nope = p.kv_b + (kv0 + j) * kvbs + h * width;
+          const float* k_pe = p.k_pe + (kv0 + j) * kps;
           float dot = 0;
-          for (int64_t d = 0; d < p.qk_dim; ++d) dot += q[d] * k[d];
+          for (int64_t d = 0; d < nope; ++d) dot += q[d] * k_nope[d];
+          for (int64_t d = 0; d < rope; ++d) dot += q[nope + d] * k_pe[d];
           s[static_cast<size_t>(j)] = dot * p.scale;
         }
         softmax_inplace(s.data(), visible);
         float* o = p.out + ((q0 + i) * p.num_heads + h) * p.v_dim;
         for (int64_t d = 0; d < p.v_dim; ++d) o[d] = 0;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* v = p.v + ((kv0 + j) * p.num_heads + h) * p.v_dim;
+          const float* v = p.kv_b + (kv0 + j) * kvbs + h * width + nope;
           const float w = s[static_cast<size_t>(j)];
           for (int64_t d = 0; d < p.v_dim; ++d) o[d] += w * v[d];
         }

@@ -83,6 +83,13 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   DType weight_dtype() const override { return DType::BF16; }
   DType kv_dtype() const override { return DType::BF16; }
+  void set_activation_dtype(DType t) override {
+    KILN_REQUIRE(t == DType::F32 || t == DType::BF16,
+                 std::string("activation dtype must be f32 or bf16, got ") + dtype_name(t));
+    KILN_REQUIRE(!capturing_, "set_activation_dtype: not while a CUDA graph is being captured");
+    gemm_.set_split_activations(t == DType::F32);
+  }
+  DType activation_dtype() const override { return gemm_.split_activations() ? DType::F32 : DType::BF16; }
   int64_t free_memory_bytes() const override {
     size_t free = 0, total = 0;
     KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -155,11 +162,14 @@ class CudaBackend final : public Backend {
         {"mla prefill",
          "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
          "flash-attention-2 on mma.sync (bf16 q/k/v/P, f32 softmax and accumulation); other head dims: f32 "
-         "CUDA-core 16-query tiles"},
+         "CUDA-core 16-query tiles; k_nope/v read from the kv_b_proj output and the shared k_pe from the gathered "
+         "latent rows (no per-head copies)"},
         {"mla decode",
-         "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV (>= 64 rows per split) merged inside "
-         "the kernel; 576-wide rows: mma.sync 16-head tiles (tail masked); other latent widths: CUDA-core 16-head "
-         "tiles + a merge kernel"},
+         "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV merged inside the kernel; 576-wide "
+         "rows: mma.sync 16-head tiles (tail masked), every stage's KV tile in flight at once and earlier steps' "
+         "rows requested before the previous kernel ends (<= 16 heads: up to 8 query rows 4 stages, >= 128 rows a "
+         "split, more rows 2 stages, >= 64; more heads: two 16-head tiles a CTA, 3 stages, >= 64 rows); other latent "
+         "widths: CUDA-core 16-head tiles + a merge kernel"},
         {"mla_prepare",
          "kiln fused attention prologue, one launch: a CTA per token ropes every q head and writes its "
          "latent row (RMSNorm c_kv, rope k_pe) to the pool; absorbed form: the W_uk fold in the same launch at "
@@ -170,9 +180,10 @@ class CudaBackend final : public Backend {
          "RMSNorm fused in (last CTA routes); more: RMSNorm, a gate GEMV/GEMM, then a warp per token"},
         {"moe", "<=" + std::to_string(cuda::moe_gemv_max_tokens()) +
                     " tokens: kiln decode GEMVs, routed + shared experts in two launches; more: device-sorted grouped "
-                    "mma.sync GEMMs (gate/up + SwiGLU, down; hi/lo f32 activations; 16-row tiles on the skinny "
-                    "kernel: 512-byte weight rows per stage, k split over warps), shared experts via cuBLASLt; "
-                    "uncaptured steps of >=" +
+                    "mma.sync GEMMs (gate/up + SwiGLU, down; " +
+                    (gemm_.split_activations() ? "hi/lo f32 activations" : "bf16-rounded activations") +
+                    "; 16-row tiles on the skinny kernel: 512-byte weight rows per stage, k split over warps), shared "
+                    "experts via cuBLASLt; uncaptured steps of >=" +
                     std::to_string(cuda::moe_cublas_min_tokens()) +
                     " tokens: one cuBLASLt GEMM per expert on 4 side streams (expert sizes read back per layer)"},
         {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},

@@ -42,11 +42,19 @@ class Gemm {
     float* y;
   };
   void grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s);
-  std::string name() const { return "cuBLASLt bf16 with hi/lo-split f32 activations (f32 accumulate)"; }
+  // true (the default): f32 activations enter every tensor-core GEMM as bf16 hi + lo rows; false:
+  // rounded to bf16 once (Backend::set_activation_dtype). The grouped MoE kernels follow it too.
+  void set_split_activations(bool split) { split_ = split; }
+  bool split_activations() const { return split_; }
+  std::string name() const {
+    return split_ ? "cuBLASLt bf16 with hi/lo-split f32 activations (f32 accumulate)"
+                  : "cuBLASLt bf16 with bf16-rounded activations (f32 accumulate)";
+  }
 
  private:
   struct Impl;
   Impl* impl_;
+  bool split_ = true;
 };
 
 // The attention prologue (mla/mla_prepare.cu): one CTA per token (plus the fold's CTAs),

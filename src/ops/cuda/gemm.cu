@@ -1,8 +1,9 @@
 // y = x · wᵀ through cuBLASLt: bf16 operands, f32 accumulation and output. Activations are f32
 // in the model; rounding them to bf16 alone costs ~0.05 mean |Δ logprob| on the parity fixtures,
-// so x is split into two bf16 parts, x ≈ hi + lo (about 16 bits of mantissa), stacked as 2m rows
-// of ONE GEMM (the weights are still read once, which is what decode pays for) and summed.
-// Algorithm choices are cached per shape.
+// so by default x is split into two bf16 parts, x ≈ hi + lo (about 16 bits of mantissa), stacked
+// as 2m rows of ONE GEMM (the weights are still read once, which is what decode pays for) and
+// summed. With split activations off (--activation-dtype bf16) x is rounded to bf16 once and the
+// GEMM writes y itself when nothing is added. Algorithm choices are cached per shape.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -25,16 +26,17 @@
 namespace kiln::ops::cuda {
 namespace {
 
-// Head h = blockIdx.y of x [m, heads, k] -> out[h] = hi [m, k] then lo [m, k], bf16, x ≈ hi + lo.
+// Head h = blockIdx.y of x [m, heads, k] -> out[h] = hi [m, k] then (split) lo [m, k], bf16,
+// x ≈ hi + lo; without split, out[h] = hi alone.
 __global__ void split_bf16_kernel(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m,
-                                  int64_t k) {
+                                  int64_t k, bool split) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= m * k) return;
   const float v = x[blockIdx.y * head_stride + (i / k) * stride + i % k];
   const __nv_bfloat16 hi = __float2bfloat16(v);
-  __nv_bfloat16* o = out + blockIdx.y * 2 * m * k;
+  __nv_bfloat16* o = out + blockIdx.y * (split ? 2 : 1) * m * k;
   o[i] = hi;
-  o[m * k + i] = __float2bfloat16(v - __bfloat162float(hi));
+  if (split) o[m * k + i] = __float2bfloat16(v - __bfloat162float(hi));
 }
 
 // Head h = blockIdx.y: y[i, h, j] = t[h][i, j] + t[h][m + i, j] (halves; else t[h][i, j] alone),
@@ -176,12 +178,12 @@ struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_size = 64u << 20;
-  GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x
+  GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x ([heads][m][k] unsplit)
   GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
   GrowOnlyScratch nbuf;  // [m][k] normalised x of Gemm::linear's input norm
 
-  // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend.
-  void heads(const LinearHeadsParams& p, const float* add, cudaStream_t s);
+  // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend; split: hi/lo activations.
+  void heads(const LinearHeadsParams& p, const float* add, bool split, cudaStream_t s);
   // (rows, n, k, ldb, ldc, heads, batch strides) -> chosen algorithm (ldb < 0: f32 operands)
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
            cublasLtMatmulAlgo_t>
@@ -292,10 +294,10 @@ Gemm::~Gemm() {
 }
 
 void Gemm::linear_heads(const LinearHeadsParams& p, cudaStream_t s) {
-  impl_->heads(p, nullptr, s);
+  impl_->heads(p, nullptr, split_, s);
 }
 
-void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, cudaStream_t s) {
+void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool split, cudaStream_t s) {
   if (p_in.m == 0 || p_in.n == 0 || p_in.heads == 0 || p_in.k == 0) return;
   LinearHeadsParams p = p_in;  // stride 0: the dense [m, heads, k] / [m, heads, n] layout
   if (!p.x_stride) p.x_stride = p.heads * p.k;
@@ -318,22 +320,31 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, cudaStre
     return;
   }
   KILN_REQUIRE(p.w_dtype == DType::BF16, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));
-  // bf16 weights: every head's x split into hi and lo rows, one batched GEMM, the halves summed.
-  auto* xb = xbuf.get<__nv_bfloat16>(static_cast<size_t>(p.heads * 2 * p.m * p.k));
-  float* t = tbuf.get<float>(static_cast<size_t>(p.heads * 2 * p.m * p.n));
+  // bf16 weights: every head's x split into hi and lo rows (or rounded once), one batched GEMM,
+  // the halves summed.
+  const int64_t parts = split ? 2 : 1;
+  auto* xb = xbuf.get<__nv_bfloat16>(static_cast<size_t>(p.heads * parts * p.m * p.k));
   const dim3 split_grid(blocks_for(p.m * p.k, 256), static_cast<unsigned>(p.heads));
-  split_bf16_kernel<<<split_grid, 256, 0, s>>>(p.x, xs, p.x_head_stride, xb, p.m, p.k);
-  matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, 2 * p.m * p.k, t, p.n, 2 * p.m * p.n, 2 * p.m, p.n, p.k, p.heads,
-         s);
+  split_bf16_kernel<<<split_grid, 256, 0, s>>>(p.x, xs, p.x_head_stride, xb, p.m, p.k, split);
+  // One part and nothing to add: the GEMM writes y in place when every row starts 256-byte
+  // aligned, as cuBLASLt's heuristics assume by default (else through scratch, like the halves).
+  const bool y_aligned = reinterpret_cast<uintptr_t>(p.y) % 256 == 0 && ys % 64 == 0 && p.y_head_stride % 64 == 0;
+  if (!split && !add && y_aligned) {
+    matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, p.m * p.k, p.y, ys, p.y_head_stride, p.m, p.n, p.k, p.heads, s);
+    return;
+  }
+  float* t = tbuf.get<float>(static_cast<size_t>(p.heads * parts * p.m * p.n));
+  matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, parts * p.m * p.k, t, p.n, parts * p.m * p.n, parts * p.m, p.n,
+         p.k, p.heads, s);
   const dim3 sum_grid(blocks_for(p.m * p.n, 256), static_cast<unsigned>(p.heads));
-  sum_halves_kernel<<<sum_grid, 256, 0, s>>>(t, p.m, p.n, true, p.y, ys, p.y_head_stride, add);
+  sum_halves_kernel<<<sum_grid, 256, 0, s>>>(t, p.m, p.n, split, p.y, ys, p.y_head_stride, add);
 }
 
 void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
   LinearHeadsParams h{p.x, xs, 0, p.w, 0, p.w_dtype, p.y, ys, 0, 1, p.m, p.n, p.k};
   if (!p.norm_weight || p.m == 0 || p.n == 0 || p.k == 0) {
-    impl_->heads(h, p.add, s);
+    impl_->heads(h, p.add, split_, s);
     return;
   }
   KILN_REQUIRE(p.norm_weight_dtype == DType::F32 || p.norm_weight_dtype == DType::BF16,
@@ -344,7 +355,7 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   n.residual = p.norm_residual;
   rms_norm(n, s);
   h.x = xn, h.x_stride = p.k;
-  impl_->heads(h, p.add, s);
+  impl_->heads(h, p.add, split_, s);
 }
 
 void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s) {

@@ -6,6 +6,11 @@
 // own wait, which lets the next kernel launch early; both are no-ops without a programmatic
 // dependency, so a kernel may use them however it is launched. KILN_PDL=0 launches everything
 // plainly (for A/B measurements).
+// Invariant: every kernel triggers only after its own pdl_wait (at least one CTA of every launch
+// waits; a CTA may trigger and leave early only if others of its grid still wait). So when a
+// kernel starts, every kernel before its immediate predecessor has completed and flushed. The MLA
+// decode kernel relies on that: before its wait it reads the launch inputs and KV rows of earlier
+// steps (not the rows its predecessor, mla_prepare, writes this step).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,7 +51,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 }
 
 // kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the previous kernel's tail. The
-// kernel must call pdl_wait() before it reads anything but constants or writes anything at all.
+// kernel must call pdl_wait() before it reads anything but constants or writes anything at all;
+// the one exception reads data that kernels before its immediate predecessor wrote (see below).
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};

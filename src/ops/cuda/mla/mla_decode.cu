@@ -14,6 +14,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/env.h"
 #include "ops/cuda/mla/mla_decode_mma.cuh"
 
 namespace kiln::ops::cuda {
@@ -239,6 +240,13 @@ int* merge_counters(size_t count) {
   return ptr;
 }
 
+// Query rows up to which 16-head decode takes the 4-stage kernel (KILN_MLA_SMALL_Q overrides it,
+// 0: never, for the A/B).
+int64_t mla_small_q() {
+  static const int64_t v = env_int("KILN_MLA_SMALL_Q", 8, 0);
+  return v;
+}
+
 // How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs).
 template <int HT, int STAGES>
 int64_t mma_slots() {
@@ -254,8 +262,11 @@ int64_t mma_slots() {
   return n;
 }
 
+// A 16-head split covers at least STAGES tiles, all requested at once (mla_decode_mma.cuh); the
+// two-tile-group kernel (more heads) keeps the 64 rows it was measured with.
 template <int HT, int STAGES>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
+  constexpr int kMinSplitRows = (HT == 1 ? STAGES : 2) * mma_decode::kTileRows;
   const int64_t total_q = p.total_q, head_tiles = (p.num_heads + kHeads - 1) / kHeads;
   const int64_t head_groups = (head_tiles + HT - 1) / HT, ctas = total_q * head_groups;
   // Splits fill at most one wave: a second, partial wave would cost as much as a full one.
@@ -272,7 +283,7 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
   KILN_REQUIRE(blocks < (int64_t{1} << 31), "mla_absorbed: too many query rows for one launch");
   launch_pdl(mma_decode::mla_decode_mma_kernel<HT, STAGES>, dim3(static_cast<unsigned>(blocks)),
              dim3(HT * mma_decode::kWarpsPerTile * 32), mma_decode::smem_bytes<HT, STAGES>(), s, p, splits,
-             static_cast<int>(head_groups), po, pm, counters);
+             static_cast<int>(head_groups), kMinSplitRows, po, pm, counters);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -284,8 +295,11 @@ void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
                std::string("mla_absorbed: unsupported KV pool dtype ") + dtype_name(p.kv.pool_dtype));
   if (p.kv.pool_dtype == DType::F32) return launch_cuda_cores<float>(p, s);
   if (p.kv_lora != mma_decode::kLora || p.rope_dim != mma_decode::kRope) return launch_cuda_cores<__nv_bfloat16>(p, s);
-  // One 16-head tile: 4 warps, two CTAs per SM. More: two tiles share each KV tile (8 warps).
-  if (p.num_heads <= kHeads) return launch_mma<1, 2>(p, s);
+  // One 16-head tile: 4 warps. Up to 8 query rows (latency-bound: a few CTAs per query) each CTA
+  // takes 4 tiles at once and splits start at 128 rows (one SM each, fewer merge levels; a context
+  // of 128 needs no merge); more rows, two CTAs per SM with 2 tiles in flight. More heads: two
+  // tiles share each KV tile (8 warps).
+  if (p.num_heads <= kHeads) return p.total_q <= mla_small_q() ? launch_mma<1, 4>(p, s) : launch_mma<1, 2>(p, s);
   launch_mma<2, 3>(p, s);
 }
 

@@ -8,8 +8,11 @@
 // at 4.8 TB/s: memory bound for mma.sync) but 240 FLOP/byte at 128 heads (compute bound).
 //
 // CTA: one query row, one split of its context, HT tiles of 16 heads (warps 4t..4t+3 own tile t).
-// The KV tile (32 rows x 576) is streamed once per CTA through a cp.async ring of STAGES stages
-// and shared by all its head tiles. Per tile of 16 heads:
+// The KV tile (32 rows x 576) is streamed once per CTA through a cp.async ring of STAGES stages,
+// all STAGES tiles in flight, and shared by all its head tiles. Tiles of rows that earlier steps
+// wrote are requested before pdl_wait, while the kernel before (mla_prepare, which writes this
+// step's rows) still runs; so at short contexts the KV has landed by the time q is ready. Per tile
+// of 16 heads:
 //   S = Q·Kᵀ  each warp takes a quarter of the 576 dims (9 k-steps; its Q fragments stay in
 //             registers) for all 32 rows, and the four partial S meet in shared memory;
 //   softmax   every warp sums the four partials in the same order (identical S in all four), then
@@ -17,10 +20,11 @@
 //   O += P·V  V is the first 512 columns of the same smem rows (no second read); each warp owns
 //             128 output columns (16 n-tiles: 64 f32 accumulators per thread).
 // Splits: CTAs over (query, split, head group) fill the GPU once; a split covers a 32-row-aligned
-// chunk of the context of at least kMinSplitRows rows, computed in the kernel from kv_len, so the
-// launch never depends on context lengths and a short context occupies only a few splits (the rest
-// exit at once). The splits that saw rows merge in the same kernel, up a binary tree over split
-// indices (see the end of the kernel): no second launch, and no scan of empty splits.
+// chunk of the context of at least min_split_rows rows (a launch argument), computed in the kernel
+// from kv_len, so the launch never depends on context lengths and a short context occupies only a
+// few splits (the rest exit at once). The splits that saw rows merge in the same kernel, up a
+// binary tree over split indices (see the end of the kernel): no second launch, and no scan of
+// empty splits.
 #pragma once
 
 #include <cstdint>
@@ -43,13 +47,10 @@ constexpr int kChunks = kRow * 2 / 16;                      // 72 16-byte chunks
 constexpr int kSStride = kTileRows + 8;                     // floats per row of the S exchange (no conflicts)
 constexpr int kSBytes = kWarpsPerTile * 16 * kSStride * 4;  // one head tile's S exchange
 constexpr float kLog2e = 1.4426950408889634f;
-// Fewest context rows a split takes: two KV tiles. One CTA streams its tiles latency-bound (one
-// or two in flight), ~1 us a tile, and each halving of the split count saves one level of the merge
-// tree (a 32-64 KB partial stored, fenced, counted, read back: ~1-1.5 us; estimates for H200, not
-// measured). Doubling a split's rows therefore pays from one tile to two (+1 us, -1.3 us) but not
-// from two to four (+2 us). A 150-row context then takes 3 splits and a 2-level merge. Contexts
-// longer than kMinSplitRows * splits keep their chunk, visible / splits, as before.
-constexpr int kMinSplitRows = 2 * kTileRows;
+// Fewest context rows a split takes (the launcher's min_split_rows): STAGES tiles, all requested at
+// once. Each halving of the split count saves one level of the merge tree (a 32-64 KB partial
+// stored, fenced, counted, read back: ~1-1.5 us), and tiles in flight together cost one latency.
+// Contexts longer than min_split_rows * splits keep their chunk, visible / splits.
 
 template <int HT, int STAGES>
 constexpr size_t smem_bytes() {
@@ -99,15 +100,15 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // be null) when splits == 1. The counters are zero before a launch and left zero after it.
 template <int HT, int STAGES>
 __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
-    mla_decode_mma_kernel(MlaAbsorbedParams p, int splits, int head_groups, float* part_out, float* part_ml,
-                          int* counters) {
+    mla_decode_mma_kernel(MlaAbsorbedParams p, int splits, int head_groups, int min_split_rows, float* part_out,
+                          float* part_ml, int* counters) {
   constexpr int kThreads = HT * kWarpsPerTile * 32;
   constexpr int kTpr = kThreads / kTileRows;  // loader threads per KV row
   extern __shared__ __align__(16) unsigned char smem[];
   float* sx_all = reinterpret_cast<float*>(smem + STAGES * kStageBytes);
 
-  pdl_wait();  // PDL: the new token's latent row comes from the kernel before
-  pdl_trigger();
+  // Before pdl_wait only what the host wrote (cu_q, kv_lens, block tables) and KV rows of earlier
+  // steps are read; nothing is written.
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ht = warp / kWarpsPerTile, wq = warp % kWarpsPerTile;
   const int g = lane >> 2, q4 = lane & 3;  // mma fragment coordinates: row group, thread in group
@@ -123,10 +124,15 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   // Causal suffix: query i of q_len sees kv_len - q_len + i + 1 rows; kv_len 0 (padding) sees none.
   const int64_t visible = kv_len > 0 ? max(int64_t{0}, kv_len - q_len + (qi - p.cu_q[b]) + 1) : 0;
   const int64_t chunk =
-      max(int64_t{kMinSplitRows}, ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows);
+      max(int64_t{min_split_rows}, ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows);
   // Splits with rows: 1..splits (chunk >= visible / splits). A padding row keeps split 0, to write its zeros.
   const int used = visible > 0 ? static_cast<int>((visible + chunk - 1) / chunk) : 1;
-  if (split >= used) return;
+  // Nothing read but launch inputs: may leave before the kernel before ends. Split 0 never leaves
+  // here (used >= 1), so every launch has CTAs that wait (the PDL invariant in pdl.cuh).
+  if (split >= used) {
+    pdl_trigger();
+    return;
+  }
   const int64_t j0 = split * chunk, j1 = min(visible, j0 + chunk);
   const int ntiles = j1 > j0 ? static_cast<int>((j1 - j0 + kTileRows - 1) / kTileRows) : 0;
 
@@ -147,11 +153,21 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
 #pragma unroll
     for (int c = lr; c < kChunks; c += kTpr) cp_async16(dst + c * 16, src + c * 8, bytes);
   };
-  // The first tiles are requested before q is read, so the two latencies overlap.
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < ntiles) issue(s);
+  // The first STAGES tiles: those whose rows all precede this step's (rows [kv_len - q_len, kv_len),
+  // written by the kernel before) are requested now, the rest once that kernel is done. Either way
+  // before q is read, so the latencies overlap.
+  const int64_t fresh = kv_len - q_len;
+  int issued = 0;
+  for (; issued < STAGES && issued < ntiles; ++issued) {
+    if (min(j1, j0 + (issued + 1) * static_cast<int64_t>(kTileRows)) > fresh) break;
+    issue(issued);
     cp_async_commit();
+  }
+  pdl_wait();  // PDL: q and this step's latent rows come from the kernel before
+  pdl_trigger();
+  for (; issued < STAGES; ++issued) {
+    if (issued < ntiles) issue(issued);
+    cp_async_commit();  // empty groups keep the wait count uniform
   }
 
   // Q fragments of this warp's 144 dims, f32 -> bf16 once (padding heads are zeros).
@@ -182,14 +198,9 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   const float sl2 = p.scale * kLog2e;
   float* sx = sx_all + ht * (kSBytes / 4);
 
-  for (int t = 0; t < ntiles; ++t) {
-    cp_async_wait<STAGES - 2>();                         // this thread's chunks of tile t have landed
-    __syncthreads();                                     // everyone's have, and everyone is done with tile t - 1
-    if (t + STAGES - 1 < ntiles) issue(t + STAGES - 1);  // into tile t - 1's stage
-    cp_async_commit();
-    if (!active) continue;
+  // One KV tile t (in stage t % STAGES) into this warp's softmax state and output columns.
+  auto attend_tile = [&](int t) {
     const uint32_t base = smem_u32(smem + (t % STAGES) * kStageBytes);
-
     // S partial over this warp's dims: 4 n-tiles of 8 rows.
     float sp[4][4] = {};
 #pragma unroll
@@ -279,6 +290,17 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
         mma_bf16(o[2 * jp + 1], pa[k], vb[2], vb[3]);
       }
     }
+  };
+
+  for (int t = 0; t < ntiles; ++t) {
+    cp_async_wait<STAGES - 1>();  // this thread's chunks of tile t have landed (STAGES + t groups so far)
+    __syncthreads();              // everyone's have
+    if (active) attend_tile(t);
+    if (t + STAGES < ntiles) {
+      __syncthreads();  // everyone is done with tile t's stage: refill it
+      issue(t + STAGES);
+    }
+    cp_async_commit();
   }
   cp_async_wait<0>();  // nothing may land in shared memory after the CTA exits
 

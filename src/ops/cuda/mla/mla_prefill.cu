@@ -1,5 +1,7 @@
 // Expanded MLA (prefill form): flash-attention over per-head k = (k_nope ‖ k_pe) and v, causal,
-// variable-length sequences whose earlier context came from the paged cache (gathered).
+// variable-length sequences whose earlier context came from the paged cache (gathered). k_nope and v
+// are read straight from the kv_b_proj output (per head k_nope ‖ v) and the shared k_pe straight from
+// the gathered latent rows: both kernels assemble a key row in shared memory from the two sources.
 //
 // Two kernels:
 //  - qk 192 / v 128 (every DeepSeek-V3-family checkpoint): flash-attention-2 on tensor cores,
@@ -71,15 +73,20 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_kernel(MlaExpandedParams
 #pragma unroll
   for (int c = 0; c < kMaxV / 16; ++c) acc[c] = 0.0f;
 
+  // Key row j of this head: columns [0, nope) from kv_b, [nope, qk) from the shared k_pe; value
+  // row j: kv_b's columns [nope, nope + vd) of this head.
+  const int64_t nope = p.nope_dim;
+  const float* kvb_h = p.kv_b + h * (nope + vd);  // row j at kvb_h + j * kv_b_stride
   for (int64_t kb = klo; kb < khi; kb += kK) {
     const int64_t n = min(static_cast<int64_t>(kK), khi - kb);
     for (int64_t i = tid; i < n * qk; i += kThreads) {
       const int64_t r = i / qk, d = i % qk;
-      k_s[r * qpad + d] = p.k[((kb + r) * p.num_heads + h) * qk + d];
+      k_s[r * qpad + d] =
+          d < nope ? kvb_h[(kb + r) * p.kv_b_stride + d] : p.k_pe[(kb + r) * p.k_pe_stride + (d - nope)];
     }
     for (int64_t i = tid; i < n * vd; i += kThreads) {
       const int64_t r = i / vd, d = i % vd;
-      v_s[r * vpad + d] = p.v[((kb + r) * p.num_heads + h) * vd + d];
+      v_s[r * vpad + d] = kvb_h[(kb + r) * p.kv_b_stride + nope + d];
     }
     __syncthreads();
     for (int pair = tid; pair < kQ * kK; pair += kThreads) {  // scores
@@ -125,7 +132,8 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_kernel(MlaExpandedParams
 //
 // CTA: one head, one 128-query tile of one sequence; 8 warps, warp w owns query rows 16w..16w+15
 // of the tile. Keys stream in 64-row tiles. Inputs are f32 in global memory, so a tile is copied
-// raw (cp.async, 16 B chunks, rows past the visible range zero-filled) into an f32 staging area and
+// raw (cp.async, 16 B chunks, rows past the visible range zero-filled; a key row's chunks come from
+// kv_b for k_nope and from k_pe for the rest) into an f32 staging area and
 // then converted once by the whole CTA into padded bf16 tiles for ldmatrix; the copy of tile j+1 is
 // in flight while tile j is computed (the staging area is a second buffer beside the bf16 one).
 //   S = Q·Kᵀ   Q fragments (16 x 192 bf16 per warp) stay in registers for the whole CTA; K via
@@ -247,21 +255,30 @@ __global__ void __launch_bounds__(kThreads, 1) kernel(MlaExpandedParams p) {
   const int64_t k_end = diag + rows;         // keys any valid row sees
   const int n_tiles = static_cast<int>((k_end + kBN - 1) / kBN);
 
-  const float* k_base = p.k + (kv0 * H + h) * kQk;  // key j at k_base + j * H * kQk
-  const float* v_base = p.v + (kv0 * H + h) * kV;
+  // Key j of the sequence: k_nope at kvb_base + j * kv_b_stride (nope floats), k_pe at
+  // kpe_base + j * k_pe_stride (kQk - nope floats), v at kvb_base + j * kv_b_stride + nope. nope,
+  // both strides and both bases are multiples of 4 floats (uses_mma), so every 16-byte chunk of a
+  // key row lies in one source.
+  const int64_t nope = p.nope_dim, nope_chunks = nope / 4;
+  const float* kvb_base = p.kv_b + kv0 * p.kv_b_stride + h * (nope + kV);
+  const float* kpe_base = p.k_pe + kv0 * p.k_pe_stride;
   auto issue_tile = [&](int j) {
     const int64_t j0 = static_cast<int64_t>(j) * kBN;
     constexpr int kKChunks = kQk / 4, kVChunks = kV / 4;  // 16-byte chunks per row
     for (int c = tid; c < kBN * kKChunks; c += kThreads) {
       const int r = c / kKChunks, col = c % kKChunks;
       const bool in = j0 + r < k_end;
-      const float* src = k_base + (in ? (j0 + r) * H * kQk + col * 4 : 0);
+      const float* src = kvb_base;  // any valid address when zero-filling
+      if (in) {
+        src = col < nope_chunks ? kvb_base + (j0 + r) * p.kv_b_stride + col * 4
+                                : kpe_base + (j0 + r) * p.k_pe_stride + (col - nope_chunks) * 4;
+      }
       cp_async16(smem_u32(kf_s + c * 4), src, in ? 16 : 0);
     }
     for (int c = tid; c < kBN * kVChunks; c += kThreads) {
       const int r = c / kVChunks, col = c % kVChunks;
       const bool in = j0 + r < k_end;
-      const float* src = v_base + (in ? (j0 + r) * H * kV + col * 4 : 0);
+      const float* src = kvb_base + (in ? (j0 + r) * p.kv_b_stride + nope + col * 4 : 0);
       cp_async16(smem_u32(vf_s + c * 4), src, in ? 16 : 0);
     }
     cp_async_commit();
@@ -425,18 +442,25 @@ void allow_smem(Kernel* k, int bytes) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-// qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator) and q rows take the
-// tensor cores.
+// qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator), q, kv_b and k_pe rows a
+// multiple of 4 floats apart and nope_dim a multiple of 4 (the model's k_pe: columns 512.. of
+// 576-wide latent rows) take the tensor cores; anything else the f32 kernel.
 bool uses_mma(const MlaExpandedParams& p) {
-  return p.qk_dim == mma_flash::kQk && p.v_dim == mma_flash::kV && aligned16(p.q) && p.q_stride % 4 == 0 &&
-         aligned16(p.k) && aligned16(p.v) && aligned16(p.out);
+  return p.qk_dim == mma_flash::kQk && p.v_dim == mma_flash::kV && p.nope_dim % 4 == 0 && aligned16(p.q) &&
+         p.q_stride % 4 == 0 && aligned16(p.kv_b) && p.kv_b_stride % 4 == 0 && aligned16(p.k_pe) &&
+         p.k_pe_stride % 4 == 0 && aligned16(p.out);
 }
 
 }  // namespace
 
 void mla_expanded(const MlaExpandedParams& params, cudaStream_t s) {
   MlaExpandedParams p = params;
-  if (p.q_stride == 0) p.q_stride = p.num_heads * p.qk_dim;  // the kernels read explicit rows
+  KILN_REQUIRE(p.nope_dim >= 0 && p.nope_dim <= p.qk_dim,
+               "mla_expanded: nope_dim " + std::to_string(p.nope_dim) + " outside qk_dim " + std::to_string(p.qk_dim));
+  // The kernels read explicit rows.
+  if (p.q_stride == 0) p.q_stride = p.num_heads * p.qk_dim;
+  if (p.kv_b_stride == 0) p.kv_b_stride = p.num_heads * (p.nope_dim + p.v_dim);
+  if (p.k_pe_stride == 0) p.k_pe_stride = p.qk_dim - p.nope_dim;
   const int64_t total_q = p.total_q;
   if (total_q == 0 || p.num_heads == 0) return;
   if (uses_mma(p)) {

@@ -35,17 +35,18 @@ __global__ void combine_kernel(const float* y, const int32_t* row_of, const int3
   }
 }
 
-// Split x [T, H] f32 into bf16 parts x ≈ hi + lo: out [2][T][H_pad], pad columns 0. Done once
-// per layer so the gate/up GEMM gathers rows of both parts with plain cp.async copies (each token
-// is read by k experts and by every column block of the GEMM).
-__global__ void split_rows_kernel(const float* x, int64_t rows, int64_t cols, int64_t cols_pad, __nv_bfloat16* out) {
+// Split x [T, H] f32 into bf16 parts x ≈ hi + lo: out [2][T][H_pad], pad columns 0 (unsplit: hi
+// alone). Done once per layer so the gate/up GEMM gathers rows of both parts with plain cp.async
+// copies (each token is read by k experts and by every column block of the GEMM).
+__global__ void split_rows_kernel(const float* x, int64_t rows, int64_t cols, int64_t cols_pad, bool split,
+                                  __nv_bfloat16* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * cols_pad) return;
   const int64_t r = i / cols_pad, c = i % cols_pad;
   const float v = c < cols ? x[r * cols + c] : 0.0f;
   const __nv_bfloat16 hi = __float2bfloat16(v);
   out[i] = hi;
-  out[rows * cols_pad + i] = __float2bfloat16(v - __bfloat162float(hi));
+  if (split) out[rows * cols_pad + i] = __float2bfloat16(v - __bfloat162float(hi));
 }
 
 // M tile per launch shape: small tiles while the expected rows per expert are few (decode batches:
@@ -73,9 +74,10 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   const auto* wd = static_cast<const __nv_bfloat16*>(p.w_down);
 
   moe_align(p.topk_ids, slots, E, layout, s);
-  split_rows_kernel<<<blocks_for(T * H_pad, 256), 256, 0, s>>>(p.x, T, H, H_pad, xs);
-  moe_gate_up_swiglu({xs, T, H, H_pad, k, wgu, I, I_pad, act}, layout, s);
-  moe_down({act, I, I_pad, wd, H, y}, layout, s);
+  const bool split = gemm.split_activations();
+  split_rows_kernel<<<blocks_for(T * H_pad, 256), 256, 0, s>>>(p.x, T, H, H_pad, split, xs);
+  moe_gate_up_swiglu({xs, T, H, H_pad, k, wgu, I, I_pad, act, split}, layout, s);
+  moe_down({act, I, I_pad, wd, H, y, split}, layout, s);
   const float* shared = shared_mlp(p, gemm, s);
   moe_detail::combine(y, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
 }

@@ -12,6 +12,8 @@
 // reads the expert's weights once for both parts, and the kernels after it add the two halves.
 //   padded row r of expert e (rows [s_e, s_e + n_e) of the aligned layout, moe_internal.cuh):
 //   hi part at doubled row s_e + r, lo part at s_e + n_e + r (expert e owns [2 s_e, 2 s_e + 2 n_e)).
+// With split activations off (Gemm::split_activations) rows are not doubled: padded row r holds
+// the bf16-rounded activation, every GEMM has half the rows, and the combine reads row_of as is.
 #include <algorithm>
 #include <vector>
 
@@ -30,15 +32,17 @@ constexpr int64_t kBm = 64;  // expert rows padded to this (keeps few distinct G
 constexpr int64_t kScratchBudget = int64_t{2} << 30;
 
 // Doubled-layout rows (hi, lo) of padded row r; e < 0 past the real tiles. tile_expert is sorted
-// by expert with -1 after the real tiles, so e's span is found by two binary searches.
+// by expert with -1 after the real tiles, so e's span is found by two binary searches. Unsplit:
+// hi = r, lo = -1.
 struct DoubledRow {
   int64_t hi, lo;
   int e;
 };
-__device__ DoubledRow doubled_row(const int32_t* tile_expert, int64_t max_tiles, int64_t r) {
+__device__ DoubledRow doubled_row(const int32_t* tile_expert, int64_t max_tiles, int64_t r, bool split) {
   const int64_t t = r / kBm;
   const int e = tile_expert[t];
   if (e < 0) return {0, 0, -1};
+  if (!split) return {r, -1, e};
   int64_t lo = 0, hi = t;  // first tile of e in [0, t]
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
@@ -61,11 +65,11 @@ __device__ DoubledRow doubled_row(const int32_t* tile_expert, int64_t max_tiles,
 }
 
 // grid: one CTA per padded row r. x2[hi], x2[lo] = bf16 hi/lo parts of x[token(r)] ([cols];
-// padding rows 0).
+// padding rows 0); unsplit, x2[r] = x[token(r)] rounded.
 __global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, const int32_t* tile_expert,
-                                    int64_t max_tiles, int64_t top_k, int64_t cols, __nv_bfloat16* x2) {
+                                    int64_t max_tiles, int64_t top_k, int64_t cols, bool split, __nv_bfloat16* x2) {
   const int64_t r = blockIdx.x;
-  const DoubledRow d = doubled_row(tile_expert, max_tiles, r);
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r, split);
   if (d.e < 0) return;
   const int32_t slot = sorted_slot[r];
   const float* src = slot < 0 ? nullptr : x + (slot / top_k) * cols;
@@ -73,25 +77,26 @@ __global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, 
     const float v = src ? src[c] : 0.0f;
     const __nv_bfloat16 h = __float2bfloat16(v);
     x2[d.hi * cols + c] = h;
-    x2[d.lo * cols + c] = __float2bfloat16(v - __bfloat162float(h));
+    if (split) x2[d.lo * cols + c] = __float2bfloat16(v - __bfloat162float(h));
   }
 }
 
 // grid: one CTA per padded row. gu [doubled rows, 2I] f32 (gate ‖ up, hi and lo products) ->
-// act2 [doubled rows, I] bf16: silu(g)·u split into hi/lo parts again for the down GEMM.
+// act2 [doubled rows, I] bf16: silu(g)·u split into hi/lo parts again for the down GEMM (unsplit:
+// one product per row, one rounded act).
 __global__ void swiglu_split_kernel(const float* gu, const int32_t* tile_expert, int64_t max_tiles, int64_t inter,
-                                    __nv_bfloat16* act2) {
+                                    bool split, __nv_bfloat16* act2) {
   const int64_t r = blockIdx.x;
-  const DoubledRow d = doubled_row(tile_expert, max_tiles, r);
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r, split);
   if (d.e < 0) return;
   const float* ghi = gu + d.hi * 2 * inter;
-  const float* glo = gu + d.lo * 2 * inter;
+  const float* glo = split ? gu + d.lo * 2 * inter : nullptr;
   for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
-    const float g = ghi[j] + glo[j], u = ghi[inter + j] + glo[inter + j];
+    const float g = split ? ghi[j] + glo[j] : ghi[j], u = split ? ghi[inter + j] + glo[inter + j] : ghi[inter + j];
     const float v = g / (1.0f + expf(-g)) * u;  // as the grouped kernels' epilogue
     const __nv_bfloat16 h = __float2bfloat16(v);
     act2[d.hi * inter + j] = h;
-    act2[d.lo * inter + j] = __float2bfloat16(v - __bfloat162float(h));
+    if (split) act2[d.lo * inter + j] = __float2bfloat16(v - __bfloat162float(h));
   }
 }
 
@@ -105,7 +110,7 @@ __global__ void slot_rows_kernel(const int32_t* row_of, const int32_t* tile_expe
     row_hi[i] = row_lo[i] = -1;
     return;
   }
-  const DoubledRow d = doubled_row(tile_expert, max_tiles, r);
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r, true);
   row_hi[i] = static_cast<int32_t>(d.hi);
   row_lo[i] = static_cast<int32_t>(d.lo);
 }
@@ -113,15 +118,18 @@ __global__ void slot_rows_kernel(const int32_t* row_of, const int32_t* tile_expe
 void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, I = p.inter, H = p.hidden, slots = T * k;
   const int64_t tiles = max_tiles(slots, E, kBm), rows = tiles * kBm;
+  const bool split = gemm.split_activations();
+  const int64_t parts = split ? 2 : 1;  // rows per padded row in the GEMMs
   KILN_REQUIRE(2 * rows < (int64_t{1} << 31), "moe: " + std::to_string(slots) + " routed slots overflow the row index");
   static GrowOnlyScratch idx_buf, in_buf, out_buf;
   int32_t* idx = idx_buf.get<int32_t>(static_cast<size_t>(rows + 3 * slots + tiles));
   const AlignedLayout layout{idx, idx + rows, idx + rows + slots, tiles, kBm};
   int32_t* row_hi = idx + rows + slots + tiles;
   int32_t* row_lo = row_hi + slots;
-  // x2 [2 rows, H] then act2 [2 rows, I] (bf16); gu [2 rows, 2I] then y2 [2 rows, H] (f32).
-  auto* in2 = in_buf.get<__nv_bfloat16>(static_cast<size_t>(2 * rows * std::max(H, I)));
-  float* out2 = out_buf.get<float>(static_cast<size_t>(2 * rows * std::max(2 * I, H)));
+  // x2 [2 rows, H] then act2 [2 rows, I] (bf16); gu [2 rows, 2I] then y2 [2 rows, H] (f32); unsplit
+  // one row each.
+  auto* in2 = in_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * rows * std::max(H, I)));
+  float* out2 = out_buf.get<float>(static_cast<size_t>(parts * rows * std::max(2 * I, H)));
 
   moe_align(p.topk_ids, slots, E, layout, s);
   static std::vector<int32_t> host_tiles;
@@ -144,19 +152,23 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
     const int64_t e = spans[i].first, t0 = spans[i].second;
     const int64_t t1 = i + 1 < spans.size() ? spans[i + 1].second : used;
     const int64_t s0 = t0 * kBm, n = (t1 - t0) * kBm;
-    gate_up.push_back({wgu + e * 2 * I * H, in2 + 2 * s0 * H, 2 * n, out2 + 2 * s0 * 2 * I});
-    down.push_back({wd + e * H * I, in2 + 2 * s0 * I, 2 * n, out2 + 2 * s0 * H});
+    gate_up.push_back({wgu + e * 2 * I * H, in2 + parts * s0 * H, parts * n, out2 + parts * s0 * 2 * I});
+    down.push_back({wd + e * H * I, in2 + parts * s0 * I, parts * n, out2 + parts * s0 * H});
   }
   if (real_rows > 0) {
     const auto grid = static_cast<unsigned>(real_rows);
-    gather_split_kernel<<<grid, 256, 0, s>>>(p.x, layout.sorted_slot, layout.tile_expert, tiles, k, H, in2);
+    gather_split_kernel<<<grid, 256, 0, s>>>(p.x, layout.sorted_slot, layout.tile_expert, tiles, k, H, split, in2);
     gemm.grouped(gate_up.data(), static_cast<int64_t>(gate_up.size()), 2 * I, H, H, 2 * I, s);
-    swiglu_split_kernel<<<grid, 256, 0, s>>>(out2, layout.tile_expert, tiles, I, in2);
+    swiglu_split_kernel<<<grid, 256, 0, s>>>(out2, layout.tile_expert, tiles, I, split, in2);
     gemm.grouped(down.data(), static_cast<int64_t>(down.size()), H, I, I, H, s);
+  }
+  const float* shared = shared_mlp(p, gemm, s);
+  if (!split) {  // padded row r is row r of y2: the aligned layout's row_of as is
+    combine(out2, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+    return;
   }
   slot_rows_kernel<<<blocks_for(slots, 256), 256, 0, s>>>(layout.row_of, layout.tile_expert, tiles, slots, row_hi,
                                                           row_lo);
-  const float* shared = shared_mlp(p, gemm, s);
   combine(out2, row_hi, row_lo, p.topk_weights, T, k, H, shared, p.add, p.out, s);
 }
 

@@ -7,7 +7,10 @@
 //    holds the gate and up accumulators of the same (row, j), so SwiGLU runs in the epilogue.
 //  - down: 128 output columns of hidden.
 // The activation operand is the bf16 pair (hi, lo) of an f32 value: two mma per fragment into one
-// f32 accumulator, the weights read once (the precision gemm.cu keeps for every other GEMM).
+// f32 accumulator, the weights read once (the precision gemm.cu keeps for every other GEMM). With
+// split activations off (KernelArgs::split false; a template parameter of the kernels, kSplit,
+// so the inner loops carry no branch) the lo part is neither stored, loaded, multiplied nor
+// written: half the tensor work, A traffic and A shared memory.
 // Ragged edges: A rows of padding slots, weight rows past N and k past K load as zeros (cp.async
 // zero-fill); weights whose K is not a multiple of 8 (odd test sizes only) take a scalar load path.
 #include "ops/cuda/cuda_common.cuh"
@@ -23,15 +26,16 @@ constexpr int kBRows = 128;    // weight rows per CTA
 constexpr int kGateCols = 64;  // gate (and up) columns per CTA in the gate/up GEMM
 
 struct KernelArgs {
-  const __nv_bfloat16* a;  // [2][a_rows][lda]: hi rows then lo rows (lo at a + a_lo)
+  const __nv_bfloat16* a;  // [2][a_rows][lda]: hi rows then lo rows (lo at a + a_lo); [a_rows][lda] unsplit
   int64_t a_lo, lda;
+  bool split;                  // false: no lo part in a or act (bf16-rounded activations)
   const int32_t* sorted_slot;  // gate/up only: A row of padded row r is sorted_slot[r] / top_k
   int64_t top_k;
   const int32_t* tile_expert;  // [max_tiles]
   const __nv_bfloat16* w;      // [E, w_rows, K]
   int64_t w_rows, K, n;        // n: output columns (inter or hidden)
   bool w_vec;                  // K % 8 == 0 and w 16-byte aligned: weights go through cp.async
-  __nv_bfloat16* act;          // gate/up out: [2][rows][ldo], lo at act + act_lo
+  __nv_bfloat16* act;          // gate/up out: [2][rows][ldo], lo at act + act_lo (unsplit: [rows][ldo])
   int64_t act_lo, ldo;
   float* y;  // down out: [rows, n]
 };
@@ -50,19 +54,20 @@ __device__ __forceinline__ int64_t a_row_offset(const KernelArgs& p, int64_t r) 
   return slot < 0 ? -1 : (slot / p.top_k) * p.lda;
 }
 
-template <int BM, int WM, int WN>
+template <int BM, int WM, int WN, bool kSplit>
 struct Tile {
   static constexpr int kThreads = WM * WN * 32;
   static constexpr int kWarpRows = BM / WM, kMI = kWarpRows / 16;
   static constexpr int kNT = kBRows / (8 * WN);  // n8 tiles per warp (gate/up: half gate, half up)
-  static constexpr int kAElems = BM * kBK, kStageElems = 2 * kAElems + kBRows * kBK;
+  static constexpr int kParts = kSplit ? 2 : 1;  // A parts: hi (and lo)
+  static constexpr int kAElems = BM * kBK, kStageElems = kParts * kAElems + kBRows * kBK;
   static_assert(kWarpRows % 16 == 0 && kNT % 4 == 0, "warp tile must be whole m16 rows and n8 pairs per set");
 };
 
-// grid: (ceil(n / cols per CTA), max_tiles); dynamic smem: STAGES x (A hi, A lo, W) bf16 tiles.
-template <int BM, int WM, int WN, int STAGES, bool kGateUp>
+// grid: (ceil(n / cols per CTA), max_tiles); dynamic smem: STAGES x (A hi, A lo (kSplit), W) bf16 tiles.
+template <int BM, int WM, int WN, int STAGES, bool kGateUp, bool kSplit>
 __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p) {
-  using TL = Tile<BM, WM, WN>;
+  using TL = Tile<BM, WM, WN, kSplit>;
   constexpr int kThreads = TL::kThreads, kMI = TL::kMI, kNT = TL::kNT;
   const int64_t tile = blockIdx.y;
   const int e = p.tile_expert[tile];
@@ -89,9 +94,9 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
 
   auto load_stage = [&](int stage, int kt) {
     __nv_bfloat16* sa = smem + stage * TL::kStageElems;
-    __nv_bfloat16* sb = sa + 2 * TL::kAElems;
+    __nv_bfloat16* sb = sa + TL::kParts * TL::kAElems;
     const int64_t k0 = static_cast<int64_t>(kt) * kBK;
-    for (int c = tid; c < 2 * BM * 8; c += kThreads) {
+    for (int c = tid; c < TL::kParts * BM * 8; c += kThreads) {
       const int part = c / (BM * 8), r = (c >> 3) % BM, ch = c & 7;
       const int64_t k = k0 + ch * 8, off = a_off[r];
       const bool ok = off >= 0 && k < p.lda;  // A pad columns [K, lda) hold zeros
@@ -142,7 +147,7 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
     if (kt + STAGES - 1 < KT) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
     cp_async_commit();
     const __nv_bfloat16* sa = smem + (kt % STAGES) * TL::kStageElems;
-    const __nv_bfloat16* sb = sa + 2 * TL::kAElems;
+    const __nv_bfloat16* sb = sa + TL::kParts * TL::kAElems;
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
       uint32_t ahi[kMI][4], alo[kMI][4], b[kNT][2];
@@ -150,7 +155,7 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
       for (int i = 0; i < kMI; ++i) {
         const int r = wm * TL::kWarpRows + i * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
         ldmatrix_x4(ahi[i], sa + swz(r, ch));
-        ldmatrix_x4(alo[i], sa + TL::kAElems + swz(r, ch));
+        if (kSplit) ldmatrix_x4(alo[i], sa + TL::kAElems + swz(r, ch));
       }
 #pragma unroll
       for (int q = 0; q < kNT; q += 2) {  // one x4 load: n8 tiles q and q+1, k halves 0 and 1
@@ -166,7 +171,7 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
 #pragma unroll
         for (int q = 0; q < kNT; ++q) {
           mma_bf16(acc[i][q], ahi[i], b[q][0], b[q][1]);
-          mma_bf16(acc[i][q], alo[i], b[q][0], b[q][1]);
+          if (kSplit) mma_bf16(acc[i][q], alo[i], b[q][0], b[q][1]);
         }
     }
   }
@@ -191,8 +196,9 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
             v[c] = j + c < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // pad columns stay 0
           }
           const __nv_bfloat162 hi = __floats2bfloat162_rn(v[0], v[1]);
-          const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0] - __low2float(hi), v[1] - __high2float(hi));
           *reinterpret_cast<__nv_bfloat162*>(p.act + row * p.ldo + j) = hi;
+          if (!kSplit) continue;
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0] - __low2float(hi), v[1] - __high2float(hi));
           *reinterpret_cast<__nv_bfloat162*>(p.act + p.act_lo + row * p.ldo + j) = lo;
         }
       } else {
@@ -213,16 +219,17 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
   }
 }
 
-template <int BM, int WM, int WN, int STAGES, bool kGateUp>
+template <int BM, int WM, int WN, int STAGES, bool kGateUp, bool kSplit>
 void launch(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
-  constexpr size_t kSmem = static_cast<size_t>(STAGES) * Tile<BM, WM, WN>::kStageElems * sizeof(__nv_bfloat16);
-  auto* kernel = grouped_gemm_kernel<BM, WM, WN, STAGES, kGateUp>;
+  using TL = Tile<BM, WM, WN, kSplit>;
+  constexpr size_t kSmem = static_cast<size_t>(STAGES) * TL::kStageElems * sizeof(__nv_bfloat16);
+  auto* kernel = grouped_gemm_kernel<BM, WM, WN, STAGES, kGateUp, kSplit>;
   // The opt-in above 48 KiB is set on every launch (a host-side call, no stream work, so capture-safe):
   // it is per device, and a once-per-process flag would miss the second GPU's worker thread.
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
   const int64_t cols = kGateUp ? kGateCols : kBRows;
   const dim3 grid(static_cast<unsigned>((args.n + cols - 1) / cols), static_cast<unsigned>(max_tiles));
-  kernel<<<grid, Tile<BM, WM, WN>::kThreads, kSmem, s>>>(args);
+  kernel<<<grid, TL::kThreads, kSmem, s>>>(args);
 }
 
 // Decode batches (16-row M tiles) stream the weights: the kernel above reads each weight row 128
@@ -231,8 +238,11 @@ void launch(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
 // of each of 32 weight rows per stage (kSkBK = 256 columns) and splits each stage's k range over
 // its 4 warps (64 columns each); the warps' partial sums meet in shared memory at the end.
 constexpr int kSkBK = 256, kSkRows = 32, kSkWarps = 4, kSkStages = 3, kSkBM = 16;
-constexpr int kSkAElems = kSkBM * kSkBK, kSkStageElems = 2 * kSkAElems + kSkRows * kSkBK;
-constexpr size_t kSkSmem = kSkStages * kSkStageElems * sizeof(__nv_bfloat16);  // 96 KiB: 2 CTAs per SM
+constexpr int kSkAElems = kSkBM * kSkBK;
+template <bool kSplit>  // A parts (hi, lo) then the weight rows
+constexpr int kSkStageElems = (kSplit ? 2 : 1) * kSkAElems + kSkRows* kSkBK;
+template <bool kSplit>  // 96 KiB split, 72 KiB not: 2 or 3 CTAs per SM
+constexpr size_t kSkSmem = kSkStages* kSkStageElems<kSplit> * sizeof(__nv_bfloat16);
 // Element offset of 16-byte chunk `ch` (0..31) of a 256-column shared row: the low 3 chunk bits
 // XOR-swizzled by row, so the 8 rows one ldmatrix phase reads hit 8 different bank groups.
 __device__ __forceinline__ int swz_sk(int r, int ch) {
@@ -241,8 +251,9 @@ __device__ __forceinline__ int swz_sk(int r, int ch) {
 
 // grid: (ceil(n / cols per CTA), max_tiles), 128 threads. gate/up: weight rows j0..j0+15 (gate)
 // and I+j0..I+j0+15 (up); down: 32 output columns.
-template <bool kGateUp>
+template <bool kGateUp, bool kSplit>
 __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArgs p) {
+  constexpr int kStageElems = kSkStageElems<kSplit>, kParts = kSplit ? 2 : 1;
   const int64_t tile = blockIdx.y;
   const int e = p.tile_expert[tile];
   if (e < 0) return;
@@ -259,12 +270,12 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
   const int KT = static_cast<int>((p.K + kSkBK - 1) / kSkBK);
 
   auto load_stage = [&](int stage, int kt) {
-    __nv_bfloat16* sa = smem + stage * kSkStageElems;
-    __nv_bfloat16* sb = sa + 2 * kSkAElems;
+    __nv_bfloat16* sa = smem + stage * kStageElems;
+    __nv_bfloat16* sb = sa + kParts * kSkAElems;
     const int64_t k0 = static_cast<int64_t>(kt) * kSkBK;
     // A: 2 parts x 16 rows x 32 chunks; W: 32 rows x 32 chunks (a warp reads one row's 512 bytes).
 #pragma unroll
-    for (int i = 0; i < 2 * kSkBM * 32 / (kSkWarps * 32); ++i) {
+    for (int i = 0; i < kParts * kSkBM * 32 / (kSkWarps * 32); ++i) {
       const int c = tid + i * kSkWarps * 32, part = c / (kSkBM * 32), r = (c >> 5) % kSkBM, ch = c & 31;
       const int64_t k = k0 + ch * 8, off = a_off[r];
       const bool ok = off >= 0 && k < p.lda;
@@ -297,14 +308,14 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
     __syncthreads();
     if (kt + kSkStages - 1 < KT) load_stage((kt + kSkStages - 1) % kSkStages, kt + kSkStages - 1);
     cp_async_commit();
-    const __nv_bfloat16* sa = smem + (kt % kSkStages) * kSkStageElems;
-    const __nv_bfloat16* sb = sa + 2 * kSkAElems;
+    const __nv_bfloat16* sa = smem + (kt % kSkStages) * kStageElems;
+    const __nv_bfloat16* sb = sa + kParts * kSkAElems;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const int ch0 = warp * 8 + ks * 2;  // this warp's 64 columns of the stage, 16 at a time
       uint32_t ahi[4], alo[4], b[4][2];
       ldmatrix_x4(ahi, sa + swz_sk(lane & 15, ch0 + (lane >> 4)));
-      ldmatrix_x4(alo, sa + kSkAElems + swz_sk(lane & 15, ch0 + (lane >> 4)));
+      if (kSplit) ldmatrix_x4(alo, sa + kSkAElems + swz_sk(lane & 15, ch0 + (lane >> 4)));
 #pragma unroll
       for (int q = 0; q < 4; q += 2) {
         uint32_t t[4];
@@ -317,7 +328,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         mma_bf16(acc[q], ahi, b[q][0], b[q][1]);
-        mma_bf16(acc[q], alo, b[q][0], b[q][1]);
+        if (kSplit) mma_bf16(acc[q], alo, b[q][0], b[q][1]);
       }
     }
   }
@@ -347,7 +358,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
       const float v = j < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // as the kernel above
       const __nv_bfloat16 hi = __float2bfloat16(v);
       p.act[row * p.ldo + j] = hi;
-      p.act[p.act_lo + row * p.ldo + j] = __float2bfloat16(v - __bfloat162float(hi));
+      if (kSplit) p.act[p.act_lo + row * p.ldo + j] = __float2bfloat16(v - __bfloat162float(hi));
     } else if (j < p.n) {
       p.y[row * p.n + j] = total(r, c);
     }
@@ -360,32 +371,42 @@ bool skinny_enabled() {
   return on;
 }
 
-template <bool kGateUp>
+template <bool kGateUp, bool kSplit>
 void launch_skinny(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
-  auto* kernel = grouped_skinny_kernel<kGateUp>;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSkSmem)));
+  auto* kernel = grouped_skinny_kernel<kGateUp, kSplit>;
+  constexpr size_t kSmem = kSkSmem<kSplit>;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)));
   const int64_t cols = kGateUp ? kSkRows / 2 : kSkRows;
   const dim3 grid(static_cast<unsigned>((args.n + cols - 1) / cols), static_cast<unsigned>(max_tiles));
-  kernel<<<grid, kSkWarps * 32, kSkSmem, s>>>(args);
+  kernel<<<grid, kSkWarps * 32, kSmem, s>>>(args);
 }
 
 // Tile shapes by M tile: 16 and 32 rows (decode-sized batches, weight-bandwidth bound: small
 // tiles waste little on padding, 4 warps side by side along N), 64 rows (prefill: 2 x 2 warps,
-// 32 x 64 warp tiles). Two CTAs fit per SM in every case (80-96 KiB of shared memory each).
-template <bool kGateUp>
-void dispatch(const KernelArgs& args, const AlignedLayout& l, cudaStream_t s) {
-  KILN_REQUIRE(l.max_tiles <= 65535, "moe: " + std::to_string(l.max_tiles) + " expert tiles exceed the grid limit");
+// 32 x 64 warp tiles). Two CTAs fit per SM in every case (80-96 KiB of shared memory each with the
+// hi/lo split, less without).
+template <bool kGateUp, bool kSplit>
+void dispatch_tile(const KernelArgs& args, const AlignedLayout& l, cudaStream_t s) {
   switch (l.bm) {
     case 16:
       if (args.w_vec && skinny_enabled())
-        launch_skinny<kGateUp>(args, l.max_tiles, s);
+        launch_skinny<kGateUp, kSplit>(args, l.max_tiles, s);
       else
-        launch<16, 1, 4, 4, kGateUp>(args, l.max_tiles, s);
+        launch<16, 1, 4, 4, kGateUp, kSplit>(args, l.max_tiles, s);
       break;
-    case 32: launch<32, 1, 4, 4, kGateUp>(args, l.max_tiles, s); break;
-    case 64: launch<64, 2, 2, 3, kGateUp>(args, l.max_tiles, s); break;
+    case 32: launch<32, 1, 4, 4, kGateUp, kSplit>(args, l.max_tiles, s); break;
+    case 64: launch<64, 2, 2, 3, kGateUp, kSplit>(args, l.max_tiles, s); break;
     default: throw_error("moe: no grouped GEMM for an M tile of " + std::to_string(l.bm));
   }
+}
+
+template <bool kGateUp>
+void dispatch(const KernelArgs& args, const AlignedLayout& l, cudaStream_t s) {
+  KILN_REQUIRE(l.max_tiles <= 65535, "moe: " + std::to_string(l.max_tiles) + " expert tiles exceed the grid limit");
+  if (args.split)
+    dispatch_tile<kGateUp, true>(args, l, s);
+  else
+    dispatch_tile<kGateUp, false>(args, l, s);
 }
 
 bool vec_ok(const void* w, int64_t K) {
@@ -399,6 +420,7 @@ void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_
   k.a = a.x_split;
   k.a_lo = a.num_tokens * a.hidden_pad;
   k.lda = a.hidden_pad;
+  k.split = a.split;
   k.sorted_slot = l.sorted_slot;
   k.top_k = a.top_k;
   k.tile_expert = l.tile_expert;
@@ -418,6 +440,7 @@ void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s) {
   k.a = a.act_split;
   k.a_lo = l.max_tiles * l.bm * a.inter_pad;
   k.lda = a.inter_pad;
+  k.split = a.split;
   k.tile_expert = l.tile_expert;
   k.top_k = 1;
   k.w = a.w_down;

@@ -48,12 +48,14 @@ void moe_align(const int32_t* topk_ids, int64_t slots, int64_t experts, const Al
 // x arrives pre-split, x ≈ x_hi + x_lo (both bf16), and act leaves split the same way: the down GEMM
 // consumes exactly the two bf16 parts it would have split an f32 act into, at the same 4 bytes per
 // value as f32, so no precision is lost against an f32 act and its operand loads are plain copies.
+// split false (bf16 activations): x and act are the hi parts alone.
 struct GateUpArgs {
   const __nv_bfloat16* x_split;  // [2][num_tokens][hidden_pad]: hi rows, then lo rows; pad columns 0
   int64_t num_tokens, hidden, hidden_pad, top_k;
   const __nv_bfloat16* w_gate_up;  // [E, 2 * inter, hidden]: gate rows then up rows
   int64_t inter, inter_pad;
   __nv_bfloat16* act_split;  // [2][max_tiles * bm][inter_pad]: hi rows, then lo rows; pad columns 0
+  bool split;
 };
 
 // Down GEMM: y[r, h] = act[r] · Wd[e(r), h] over every padded row r (padding rows give 0).
@@ -63,6 +65,7 @@ struct DownArgs {
   const __nv_bfloat16* w_down;  // [E, hidden, inter]
   int64_t hidden;
   float* y;  // [max_tiles * bm, hidden]
+  bool split;
 };
 
 void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
