@@ -329,10 +329,10 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
   be.fill_random(sd.t, 15, 0.02f);
   json rows = json::array();
   uint64_t z = 88172645463325252ull;  // xorshift64 state
-  for (DType act : {DType::F32, DType::BF16})
+  for (DType act : {DType::F32, DType::BF16}) {
+    be.set_activation_dtype(act);
     for (int64_t T : {1, 4, 8, 16, 32, 128, 256, 1024, 8192}) {
       if (act == DType::BF16 && T <= 8) continue;  // decode GEMVs read f32 activations either way
-      be.set_activation_dtype(act);
       std::vector<int32_t> ids;
       std::vector<char> touched(static_cast<size_t>(E), 0);
       for (int64_t t = 0; t < T; ++t) {
@@ -375,6 +375,7 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
           static_cast<long long>(T), sec * 1e6, distinct, gbps, 100 * gbps / copy_gbps, tflops,
           100 * tflops / gemm_tflops, dtype_name(act));
     }
+  }
   be.set_activation_dtype(DType::F32);
   return rows;
 }

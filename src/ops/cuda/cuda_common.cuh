@@ -76,6 +76,14 @@ __device__ __forceinline__ void dot8_accumulate(const uint4& v, const float* x, 
   }
 }
 
+// v rounded to bf16 at *hi and, when lo is set, the rounding remainder at *lo (v ≈ hi + lo, ~16
+// mantissa bits): how f32 activations enter the tensor-core GEMMs (hi alone with bf16 activations).
+__device__ __forceinline__ void store_bf16_parts(float v, __nv_bfloat16* hi, __nv_bfloat16* lo) {
+  const __nv_bfloat16 h = __float2bfloat16(v);
+  *hi = h;
+  if (lo) *lo = __float2bfloat16(v - __bfloat162float(h));
+}
+
 __host__ __device__ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }

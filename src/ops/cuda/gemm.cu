@@ -32,11 +32,8 @@ __global__ void split_bf16_kernel(const float* x, int64_t stride, int64_t head_s
                                   int64_t k, bool split) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= m * k) return;
-  const float v = x[blockIdx.y * head_stride + (i / k) * stride + i % k];
-  const __nv_bfloat16 hi = __float2bfloat16(v);
   __nv_bfloat16* o = out + blockIdx.y * (split ? 2 : 1) * m * k;
-  o[i] = hi;
-  if (split) o[m * k + i] = __float2bfloat16(v - __bfloat162float(hi));
+  store_bf16_parts(x[blockIdx.y * head_stride + (i / k) * stride + i % k], o + i, split ? o + m * k + i : nullptr);
 }
 
 // Head h = blockIdx.y: y[i, h, j] = t[h][i, j] + t[h][m + i, j] (halves; else t[h][i, j] alone),

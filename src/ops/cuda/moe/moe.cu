@@ -43,10 +43,7 @@ __global__ void split_rows_kernel(const float* x, int64_t rows, int64_t cols, in
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= rows * cols_pad) return;
   const int64_t r = i / cols_pad, c = i % cols_pad;
-  const float v = c < cols ? x[r * cols + c] : 0.0f;
-  const __nv_bfloat16 hi = __float2bfloat16(v);
-  out[i] = hi;
-  if (split) out[rows * cols_pad + i] = __float2bfloat16(v - __bfloat162float(hi));
+  store_bf16_parts(c < cols ? x[r * cols + c] : 0.0f, out + i, split ? out + rows * cols_pad + i : nullptr);
 }
 
 // M tile per launch shape: small tiles while the expected rows per expert are few (decode batches:

@@ -73,12 +73,8 @@ __global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, 
   if (d.e < 0) return;
   const int32_t slot = sorted_slot[r];
   const float* src = slot < 0 ? nullptr : x + (slot / top_k) * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = src ? src[c] : 0.0f;
-    const __nv_bfloat16 h = __float2bfloat16(v);
-    x2[d.hi * cols + c] = h;
-    if (split) x2[d.lo * cols + c] = __float2bfloat16(v - __bfloat162float(h));
-  }
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    store_bf16_parts(src ? src[c] : 0.0f, x2 + d.hi * cols + c, split ? x2 + d.lo * cols + c : nullptr);
 }
 
 // grid: one CTA per padded row. gu [doubled rows, 2I] f32 (gate ‖ up, hi and lo products) ->
@@ -92,11 +88,10 @@ __global__ void swiglu_split_kernel(const float* gu, const int32_t* tile_expert,
   const float* ghi = gu + d.hi * 2 * inter;
   const float* glo = split ? gu + d.lo * 2 * inter : nullptr;
   for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
-    const float g = split ? ghi[j] + glo[j] : ghi[j], u = split ? ghi[inter + j] + glo[inter + j] : ghi[inter + j];
+    float g = ghi[j], u = ghi[inter + j];
+    if (split) g += glo[j], u += glo[inter + j];
     const float v = g / (1.0f + expf(-g)) * u;  // as the grouped kernels' epilogue
-    const __nv_bfloat16 h = __float2bfloat16(v);
-    act2[d.hi * inter + j] = h;
-    if (split) act2[d.lo * inter + j] = __float2bfloat16(v - __bfloat162float(h));
+    store_bf16_parts(v, act2 + d.hi * inter + j, split ? act2 + d.lo * inter + j : nullptr);
   }
 }
 

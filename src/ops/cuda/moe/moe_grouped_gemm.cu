@@ -356,9 +356,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
       if (j >= p.ldo) continue;
       const float gt = total(r, c), up = total(r, kCols + c);
       const float v = j < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // as the kernel above
-      const __nv_bfloat16 hi = __float2bfloat16(v);
-      p.act[row * p.ldo + j] = hi;
-      if (kSplit) p.act[p.act_lo + row * p.ldo + j] = __float2bfloat16(v - __bfloat162float(hi));
+      store_bf16_parts(v, p.act + row * p.ldo + j, kSplit ? p.act + p.act_lo + row * p.ldo + j : nullptr);
     } else if (j < p.n) {
       p.y[row * p.n + j] = total(r, c);
     }
