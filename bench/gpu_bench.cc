@@ -404,6 +404,7 @@ json bench_mla_prefill(ops::Backend& be, double gemm_tflops) {
                                      .out = out.f32(),
                                      .seqs = {tq.t.as<int32_t>(), tk.t.as<int32_t>(), 1},
                                      .total_q = T,
+                                     .total_kv = T,
                                      .num_heads = heads,
                                      .qk_dim = qk,
                                      .v_dim = vd,

@@ -73,6 +73,11 @@ for v in 8 0; do
       grep -E "^ +[0-9]" | sed "s/^/small_q=$v ctx=$ctx: /"
   done
 done
+echo "== A/B: prefill attention, key tiles in flight (KILN_MLA_PREFILL_STAGES, default 3)"
+for v in 3 2 4; do
+  KILN_MLA_PREFILL_STAGES=$v "${BENCH[@]}" --activation-dtype bf16 --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 |
+    grep -E "^ +[0-9]" | sed "s/^/prefill_stages=$v: /"
+done
 echo "== benchmarks"
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
 echo "== op profile: where a decode step's GPU time goes (eager, events around every op)"
@@ -83,6 +88,9 @@ KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config 
 echo "== op profile: one 8k-token prefill (after a warm-up prefill; each op's first call left out)"
 KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
   --random-weights --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 | grep -A 25 "op profile" | tee "$OUT/op_profile_prefill8k.log"
+KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
+  --random-weights --activation-dtype bf16 --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 |
+  grep -A 25 "op profile" | tee "$OUT/op_profile_prefill8k_bf16.log"
 # Kernel by kernel (Nsight Compute, one duration metric, caches and clocks left alone): a 2k-token
 # prefill, steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps), and
 # single-stream steps (one sequence: a one-token prefill, then two decode steps).

@@ -123,7 +123,8 @@ struct MlaExpandedParams {
   const float* k_pe;  // [total_kv, rope_dim] shared by every head (roped), rows k_pe_stride apart
   float* out;         // [total_q, num_heads, v_dim]
   VarlenSeqs seqs;
-  int64_t total_q;  // cu_q[num_seqs], known on the host
+  int64_t total_q;   // cu_q[num_seqs], known on the host
+  int64_t total_kv;  // must equal cu_kv[num_seqs], known on the host
   int64_t num_heads, qk_dim, v_dim;
   int64_t nope_dim;  // k_nope's width in kv_b; rope_dim = qk_dim - nope_dim is k_pe's
   float scale;

@@ -6,6 +6,7 @@
 // The MlaCpu tests need no GPU.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -373,6 +374,7 @@ std::vector<float> run_expanded(ops::Backend& be, const PrefillCase& c, const Pr
                    .out = to.f32(),
                    .seqs = {tcq.t.as<int32_t>(), tck.t.as<int32_t>(), static_cast<int64_t>(c.q_lens.size())},
                    .total_q = cu_q.back(),
+                   .total_kv = cu_kv.back(),
                    .num_heads = c.heads,
                    .qk_dim = c.qk,
                    .v_dim = c.v,
@@ -415,10 +417,14 @@ TEST(MlaParity, ExpandedPrefillVarlenCausal) {
   cases.push_back({16, 192, 128, {2048}, {2048}});
   cases.push_back({2, 192, 128, {8192}, {8192}});
   cases.push_back({1, 192, 128, {1024, 300, 77}, {16384, 8000, 77}});  // 16k context, long prefixes
+  cases.push_back({4, 192, 128, {100, 30}, {300, 30}, 32});            // nope 160: k_pe starts mid-panel
   {
-    PrefillCase many{4, 192, 128, {}, {}};  // 40 sequences (the tile map scans cu_q 32 at a time)
+    // 40 sequences (the tile map scans cu_q 32 at a time); no queries in 0, 7, 9, 10, 12 and 39, of
+    // which 0, 9, 12 and 39 have no keys either (first, last, and next to each other).
+    PrefillCase many{4, 192, 128, {}, {}};
     for (int32_t i = 0; i < 40; ++i) {
-      const int32_t q = i == 7 ? 0 : 1 + (i * 37) % 150;  // one sequence with no queries
+      const bool empty = i == 0 || i == 7 || i == 9 || i == 10 || i == 12 || i == 39;
+      const int32_t q = empty ? 0 : 1 + (i * 37) % 150;
       many.q_lens.push_back(q);
       many.kv_lens.push_back(q + (i % 3) * 61);
     }
@@ -450,6 +456,34 @@ TEST(MlaParity, ExpandedTwelveHeadsInsideSixteen) {
   auto out16 = run_expanded(*gpu, c16, in16);
   auto out12 = run_expanded(*gpu, c12, {first12(in16.q, qk), first12(in16.kv_b, kvd), in16.k_pe});
   EXPECT_EQ(first12(out16, vd), out12);
+}
+
+// The tensor-core path's switches change the schedule, not the arithmetic: every pipeline depth
+// (KILN_MLA_PREFILL_STAGES) and rounding of the heads' tile images (KILN_MLA_PREFILL_GROUP_HEADS:
+// 12 heads in rounds of at most 5, evened out to 4 + 4 + 4, or one at a time) gives the default's
+// output bit for bit, and that output matches the CPU.
+TEST(MlaParity, ExpandedDepthsAndHeadGroupsAgree) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  const PrefillCase c{12, 192, 128, {260, 1, 70}, {400, 33, 70}};
+  const auto in = make_prefill(c, 77);
+  const auto base = run_expanded(*gpu, c, in);
+  EXPECT_LE(norm_err(run_expanded(*cpu, c, in), base), expanded_bound(c));
+  const std::vector<std::pair<const char*, const char*>> switches = {{"KILN_MLA_PREFILL_STAGES", "2"},
+                                                                     {"KILN_MLA_PREFILL_STAGES", "4"},
+                                                                     {"KILN_MLA_PREFILL_GROUP_HEADS", "5"},
+                                                                     {"KILN_MLA_PREFILL_GROUP_HEADS", "1"}};
+  for (const auto& [name, value] : switches) {
+    const char* was = std::getenv(name);
+    const std::string saved = was ? was : "";
+    setenv(name, value, 1);
+    const auto got = run_expanded(*gpu, c, in);
+    if (was)
+      setenv(name, saved.c_str(), 1);
+    else
+      unsetenv(name);
+    EXPECT_EQ(got, base) << name << "=" << value;
+  }
 }
 
 // Lays `in` out as `pad` (q, kv_b: spare columns after each row) and `lead`/`k_pe_row` (k_pe's

@@ -37,6 +37,10 @@ void mla_expanded(const MlaExpandedParams& p) {
   check_seqs(p.seqs);
   const int64_t nope = p.nope_dim, rope = p.qk_dim - p.nope_dim, width = nope + p.v_dim;  // width: one head of kv_b
   KILN_CHECK(nope >= 0 && rope >= 0, "mla_expanded: nope_dim {} outside qk_dim {}", nope, p.qk_dim);
+  const int64_t n = p.seqs.num_seqs;
+  KILN_CHECK(n == 0 || (p.seqs.cu_q[n] == p.total_q && p.seqs.cu_kv[n] == p.total_kv),
+             "mla_expanded: total_q {} / total_kv {} disagree with cu_q / cu_kv ({} / {})", p.total_q, p.total_kv,
+             n ? p.seqs.cu_q[n] : 0, n ? p.seqs.cu_kv[n] : 0);
   const int64_t qs = p.q_stride ? p.q_stride : p.num_heads * p.qk_dim;
   const int64_t kvbs = p.kv_b_stride ? p.kv_b_stride : p.num_heads * width;
   const int64_t kps = p.k_pe_stride ? p.k_pe_stride : rope;

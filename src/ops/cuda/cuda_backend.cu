@@ -161,9 +161,9 @@ class CudaBackend final : public Backend {
         {"linear_heads", "<=8 rows: the same GEMV over all heads in one launch; more: one batched cuBLASLt GEMM"},
         {"mla prefill",
          "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
-         "flash-attention-2 on mma.sync (bf16 q/k/v/P, f32 softmax and accumulation); other head dims: f32 "
-         "CUDA-core 16-query tiles; k_nope/v read from the kv_b_proj output and the shared k_pe from the gathered "
-         "latent rows (no per-head copies)"},
+         "wgmma (sm_90a) over bf16 swizzled K/V^T tile images made once per call from the kv_b_proj output and "
+         "the shared k_pe, two warpgroups of 64 queries, f32 softmax and accumulation; other head dims: f32 "
+         "CUDA-core 16-query tiles"},
         {"mla decode",
          "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV merged inside the kernel; 576-wide "
          "rows: mma.sync 16-head tiles (tail masked), every stage's KV tile in flight at once and earlier steps' "

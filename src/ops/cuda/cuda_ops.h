@@ -33,15 +33,17 @@ class Gemm {
   void linear(const LinearParams& p, cudaStream_t s);
   void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
   // Independent GEMMs of one shape but their row counts, y_g = x_g · w_gᵀ: w_g [n, k] bf16
-  // row-major, x_g [rows_g, k] bf16 rows ldx apart, y_g [rows_g, n] f32 rows ldy apart. They run
-  // on side streams, ordered after everything already on `s` and before anything queued after.
+  // row-major, x_g [rows_g, k] bf16 rows ldx apart, y_g [rows_g, n] rows ldy apart, y_dtype F32 or
+  // BF16 (f32 accumulation either way, rounded once on the store). They run on side streams,
+  // ordered after everything already on `s` and before anything queued after.
   struct Group {
     const void* w;
     const void* x;
     int64_t rows;
-    float* y;
+    void* y;
   };
-  void grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s);
+  void grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s,
+               DType y_dtype = DType::F32);
   // true (the default): f32 activations enter every tensor-core GEMM as bf16 hi + lo rows; false:
   // rounded to bf16 once (Backend::set_activation_dtype). The grouped MoE kernels follow it too.
   void set_split_activations(bool split) { split_ = split; }

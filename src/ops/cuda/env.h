@@ -1,5 +1,6 @@
 // Integer settings of the CUDA backend read from the environment (the diagnostics and A/B switches
-// listed in docs/benchmarking.md). Read once per process by each caller's static.
+// listed in docs/benchmarking.md). Most callers read theirs once per process into a static; the
+// prefill attention's reads on every call, so tests can vary them.
 #pragma once
 
 #include <cstdint>

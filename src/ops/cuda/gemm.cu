@@ -3,7 +3,9 @@
 // so by default x is split into two bf16 parts, x ≈ hi + lo (about 16 bits of mantissa), stacked
 // as 2m rows of ONE GEMM (the weights are still read once, which is what decode pays for) and
 // summed. With split activations off (--activation-dtype bf16) x is rounded to bf16 once and the
-// GEMM writes y itself when nothing is added. Algorithm choices are cached per shape.
+// GEMM writes y itself when nothing is added. Algorithm choices are cached per shape and output
+// type: Gemm::grouped (the prefill MoE's per-expert GEMMs) may store bf16 instead of f32, for
+// consumers that read bf16 activations anyway.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -181,16 +183,18 @@ struct Gemm::Impl {
 
   // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend; split: hi/lo activations.
   void heads(const LinearHeadsParams& p, const float* add, bool split, cudaStream_t s);
-  // (rows, n, k, ldb, ldc, heads, batch strides) -> chosen algorithm (ldb < 0: f32 operands)
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
+  // (rows, n, k, ldb, ldc, heads, batch strides, output type) -> chosen algorithm (ldb < 0: f32
+  // operands); the output type matters: a bf16 store is another kernel than an f32 one.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
            cublasLtMatmulAlgo_t>
       algos;
 
   // c[h] = b[h] · a[h]ᵀ for h < heads: a [n, k] (row-major, heads a_stride elements apart), b [rows, k]
-  // rows ldb apart, c [rows, n] f32 rows ldc apart; type: bf16 or f32 operands.
+  // rows ldb apart, c [rows, n] rows ldc apart; type: bf16 or f32 operands; c_type: f32 or (bf16
+  // operands only) bf16 output, f32 accumulation either way.
   void matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb, int64_t b_stride,
-              float* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k, int64_t heads,
-              cudaStream_t s, void* ws = nullptr, int64_t algo_rows = 0);
+              void* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k, int64_t heads, cudaStream_t s,
+              void* ws = nullptr, int64_t algo_rows = 0, cudaDataType_t c_type = CUDA_R_32F);
 
   // Side streams for Gemm::grouped, each with its own workspace (cuBLASLt workspaces must not be
   // shared by GEMMs that may run at once); made on first use, on the device current then.
@@ -201,8 +205,8 @@ struct Gemm::Impl {
 };
 
 void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb,
-                        int64_t b_stride, float* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k,
-                        int64_t heads, cudaStream_t s, void* ws, int64_t algo_rows) {
+                        int64_t b_stride, void* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k,
+                        int64_t heads, cudaStream_t s, void* ws, int64_t algo_rows, cudaDataType_t c_type) {
   cublasLtMatmulDesc_t op;
   // Plain CUBLAS_COMPUTE_32F keeps f32 x f32 in full f32 (TF32 needs _FAST_TF32); the PEDANTIC
   // variant picked a ~100x slower kernel (the router gate at 8k tokens took 3.6 ms).
@@ -215,7 +219,7 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k));
   KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, static_cast<uint64_t>(k), static_cast<uint64_t>(rows), ldb));
   KILN_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(rows), ldc));
+      cublasLtMatrixLayoutCreate(&lc, c_type, static_cast<uint64_t>(n), static_cast<uint64_t>(rows), ldc));
   if (heads > 1) {
     const int32_t count = static_cast<int32_t>(heads);
     for (auto [l, stride] : {std::pair{la, a_stride}, std::pair{lb, b_stride}, std::pair{lc, c_stride}}) {
@@ -229,15 +233,15 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
   if (algo_rows <= 0) algo_rows = rows;
   // Null when a bucket size (r != rows) has no algorithm: the caller then searches the exact size.
   auto algo_for = [&](int64_t r) -> const cublasLtMatmulAlgo_t* {
-    const auto key =
-        std::make_tuple(r, n, k, ldb * (type == CUDA_R_32F ? -1 : 1), ldc, heads, a_stride, b_stride, c_stride);
+    const auto key = std::make_tuple(r, n, k, ldb * (type == CUDA_R_32F ? -1 : 1), ldc, heads, a_stride, b_stride,
+                                     c_stride, static_cast<int>(c_type));
     auto it = algos.find(key);
     if (it != algos.end()) return &it->second;
     cublasLtMatrixLayout_t qb = lb, qc = lc;  // layouts of r rows for the query
     if (r != rows) {
       KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&qb, type, static_cast<uint64_t>(k), static_cast<uint64_t>(r), ldb));
       KILN_CUBLAS_CHECK(
-          cublasLtMatrixLayoutCreate(&qc, CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(r), ldc));
+          cublasLtMatrixLayoutCreate(&qc, c_type, static_cast<uint64_t>(n), static_cast<uint64_t>(r), ldc));
     }
     cublasLtMatmulPreference_t pref;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -355,7 +359,13 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   impl_->heads(h, p.add, split_, s);
 }
 
-void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s) {
+void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s,
+                   DType y_dtype) {
+  KILN_REQUIRE(y_dtype == DType::F32 || y_dtype == DType::BF16,
+               std::string("grouped GEMM: unsupported output dtype ") + dtype_name(y_dtype));
+  // bf16 D (and C, unused at beta 0) with f32 compute and scale: the accumulator is rounded once
+  // on the store, and the pass after reads half the bytes (the MoE's bf16-activation mode).
+  const cudaDataType_t c_type = y_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   Impl& m = *impl_;
   if (!m.fork) {  // `fork` is set last: a failure part-way leaves the set-up to be retried
     for (int i = 0; i < Impl::kSideStreams; ++i) {
@@ -379,7 +389,8 @@ void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int
     const int i = static_cast<int>(g % Impl::kSideStreams);
     int64_t bucket = 128;  // the algorithm of the next power of two: a handful of searches per shape
     while (bucket < gr.rows) bucket *= 2;
-    m.matmul(CUDA_R_16BF, gr.w, 0, gr.x, ldx, 0, gr.y, ldy, 0, gr.rows, n, k, 1, m.side[i], m.side_ws[i], bucket);
+    m.matmul(CUDA_R_16BF, gr.w, 0, gr.x, ldx, 0, gr.y, ldy, 0, gr.rows, n, k, 1, m.side[i], m.side_ws[i], bucket,
+             c_type);
   }
   for (int i = 0; i < used; ++i) {
     KILN_CUDA_CHECK(cudaEventRecord(m.join[i], m.side[i]));

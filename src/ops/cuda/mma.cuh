@@ -1,4 +1,5 @@
-// Tensor-core building blocks shared by the mma.sync kernels (MLA decode and prefill, grouped MoE).
+// Tensor-core building blocks shared by the mma.sync kernels (MLA decode, grouped MoE) and the wgmma
+// prefill attention (cp.async, bf16 packing, exp2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,7 +23,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// cp.async / ldmatrix wrappers (grouped MoE GEMMs). 16-byte copies; ok = false zero-fills the
+// cp.async / ldmatrix wrappers (grouped MoE GEMMs, prefill attention). 16-byte copies; ok = false zero-fills the
 // destination (src must still be a valid address).
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -41,6 +42,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(p)));
+}
+// exp2 on the special-function unit (ex2.approx; exp2(-inf) = 0), for online softmax.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace kiln::ops::cuda

@@ -1,12 +1,12 @@
 // Expanded MLA (prefill form): flash-attention over per-head k = (k_nope ‖ k_pe) and v, causal,
 // variable-length sequences whose earlier context came from the paged cache (gathered). k_nope and v
-// are read straight from the kv_b_proj output (per head k_nope ‖ v) and the shared k_pe straight from
-// the gathered latent rows: both kernels assemble a key row in shared memory from the two sources.
+// come from the kv_b_proj output (per head k_nope ‖ v), the shared k_pe from the gathered latent rows.
 //
 // Two kernels:
-//  - qk 192 / v 128 (every DeepSeek-V3-family checkpoint): flash-attention-2 on tensor cores,
-//    mma_flash::kernel below (mma.sync m16n8k16 bf16 -> f32).
-//  - any other head dims (small test configs): the f32 CUDA-core kernel mla_prefill_kernel.
+//  - qk 192 / v 128 (every DeepSeek-V3-family checkpoint): flash attention on Hopper warpgroup MMAs
+//    (mla_prefill_wgmma.cuh) over bf16 tile images of K and Vᵀ made once per call.
+//  - any other head dims (small test configs): the f32 CUDA-core kernel mla_prefill_kernel below,
+//    which assembles key rows in shared memory from the two sources.
 //
 // The f32 kernel: a CTA takes 16 query rows of one head and streams 32-key tiles through shared
 // memory with an online softmax. Rows of a tile may belong to different sequences (at sequence
@@ -18,7 +18,8 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
-#include "ops/cuda/mma.cuh"
+#include "ops/cuda/env.h"
+#include "ops/cuda/mla/mla_prefill_wgmma.cuh"
 
 namespace kiln::ops::cuda {
 namespace {
@@ -127,313 +128,10 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_kernel(MlaExpandedParams
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Flash-attention-2 on tensor cores for qk 192 / v 128.
-//
-// CTA: one head, one 128-query tile of one sequence; 8 warps, warp w owns query rows 16w..16w+15
-// of the tile. Keys stream in 64-row tiles. Inputs are f32 in global memory, so a tile is copied
-// raw (cp.async, 16 B chunks, rows past the visible range zero-filled; a key row's chunks come from
-// kv_b for k_nope and from k_pe for the rest) into an f32 staging area and
-// then converted once by the whole CTA into padded bf16 tiles for ldmatrix; the copy of tile j+1 is
-// in flight while tile j is computed (the staging area is a second buffer beside the bf16 one).
-//   S = Q·Kᵀ   Q fragments (16 x 192 bf16 per warp) stay in registers for the whole CTA; K via
-//              ldmatrix (rows = keys, so no transpose), 8 n-tiles x 12 k-steps per warp;
-//   softmax    f32 online softmax in registers with exp2 (scale·log2e folded into one FMA); each
-//              row's four partial maxima/sums live in the quad of lanes that holds the row;
-//   O += P·V   the S accumulators are rounded to bf16 and reused directly as A fragments (the
-//              m16n8 C layout of two adjacent n-tiles is the m16k16 A layout); V via ldmatrix.trans.
-// Causal masking only on tiles that reach past the first row's diagonal. Varlen: the grid is
-// total_q / 128 + num_seqs CTAs wide (an upper bound on sum ceil(q_len / 128)); warp 0 maps the
-// CTA index to (sequence, query tile) with a warp scan over cu_q, and spare CTAs exit. Query tiles
-// of a sequence are issued last-first (most keys first) so the causal tail stays short.
-//
-// Shared memory: Q 128 x 200 bf16 (51,200 B) + K 64 x 200 bf16 (25,600 B) + V 64 x 136 bf16
-// (17,408 B) + f32 staging K 64 x 192 and V 64 x 128 (81,920 B) = 176,128 B; the +8 bf16 per row
-// put the 8 rows of an ldmatrix on distinct 16-byte bank groups.
-namespace mma_flash {
-
-constexpr int kQk = 192, kV = 128;
-constexpr int kBM = 128, kBN = 64, kWarps = kBM / 16, kThreads = kWarps * 32;
-constexpr int kQkPad = kQk + 8, kVPad = kV + 8;  // bf16 row strides
-constexpr int kQBytes = kBM * kQkPad * 2, kKBytes = kBN * kQkPad * 2, kVBytes = kBN * kVPad * 2;
-constexpr int kKfBytes = kBN * kQk * 4, kVfBytes = kBN * kV * 4;
-constexpr size_t kSmem = static_cast<size_t>(kQBytes + kKBytes + kVBytes + kKfBytes + kVfBytes);
-constexpr int kQkSteps = kQk / 16, kSTiles = kBN / 8, kOTiles = kV / 8, kPvSteps = kBN / 16;
-constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kQk % 32 == 0 && kV % 16 == 0 && kBN % 16 == 0, "fragment shapes");
-static_assert(kSmem <= 227 * 1024, "shared memory");
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared through L2 only; src_bytes 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ float fast_exp2(float x) {  // ex2.approx: exp2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-// Four f32 as four bf16 (8 bytes) at dst.
-__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
-  uint2 u;
-  u.x = pack_bf16(v.x, v.y);
-  u.y = pack_bf16(v.z, v.w);
-  *reinterpret_cast<uint2*>(dst) = u;
-}
-
-// grid: (total_q / kBM + num_seqs, num_heads); block kThreads.
-__global__ void __launch_bounds__(kThreads, 1) kernel(MlaExpandedParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);                            // [kBM][kQkPad]
-  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);                  // [kBN][kQkPad]
-  __nv_bfloat16* v_s = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + kKBytes);        // [kBN][kVPad]
-  float* kf_s = reinterpret_cast<float*>(smem + kQBytes + kKBytes + kVBytes);             // [kBN][kQk]
-  float* vf_s = reinterpret_cast<float*>(smem + kQBytes + kKBytes + kVBytes + kKfBytes);  // [kBN][kV]
-  __shared__ int tile_seq, tile_qb;
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int64_t H = p.num_heads, h = blockIdx.y;
-
-  // CTA index -> (sequence, query tile): tiles of sequence b are ceil(q_len_b / kBM) consecutive
-  // indices; a warp scan over 32 sequences at a time finds the one holding blockIdx.x.
-  if (warp == 0) {
-    const int t = static_cast<int>(blockIdx.x);
-    int found_b = -1, found_local = 0, base = 0;
-    for (int64_t b0 = 0; b0 < p.seqs.num_seqs; b0 += 32) {
-      const int64_t b = b0 + lane;
-      const int n = b < p.seqs.num_seqs ? (p.seqs.cu_q[b + 1] - p.seqs.cu_q[b] + kBM - 1) / kBM : 0;
-      int incl = n;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      const int excl = incl - n;
-      const unsigned hit = __ballot_sync(0xffffffffu, t >= base + excl && t < base + incl);
-      if (hit) {
-        const int src = __ffs(static_cast<int>(hit)) - 1;
-        found_b = static_cast<int>(b0) + src;
-        found_local = t - base - __shfl_sync(0xffffffffu, excl, src);
-        break;
-      }
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) {
-      tile_seq = found_b;
-      tile_qb = found_local;
-    }
-  }
-  __syncthreads();
-  if (tile_seq < 0) return;  // a spare CTA of the upper-bound grid
-  const int64_t b = tile_seq;
-  const int64_t q0 = p.seqs.cu_q[b], q_len = p.seqs.cu_q[b + 1] - q0;
-  const int64_t kv0 = p.seqs.cu_kv[b], kv_len = p.seqs.cu_kv[b + 1] - kv0;
-  const int64_t n_qb = (q_len + kBM - 1) / kBM;
-  const int64_t i0 = (n_qb - 1 - tile_qb) * kBM;  // last tile first: it has the most keys
-  const int64_t rows = min(static_cast<int64_t>(kBM), q_len - i0);
-  const int64_t diag = kv_len - q_len + i0;  // query row r of the tile sees keys [0, diag + r]
-  const int64_t k_end = diag + rows;         // keys any valid row sees
-  const int n_tiles = static_cast<int>((k_end + kBN - 1) / kBN);
-
-  // Key j of the sequence: k_nope at kvb_base + j * kv_b_stride (nope floats), k_pe at
-  // kpe_base + j * k_pe_stride (kQk - nope floats), v at kvb_base + j * kv_b_stride + nope. nope,
-  // both strides and both bases are multiples of 4 floats (uses_mma), so every 16-byte chunk of a
-  // key row lies in one source.
-  const int64_t nope = p.nope_dim, nope_chunks = nope / 4;
-  const float* kvb_base = p.kv_b + kv0 * p.kv_b_stride + h * (nope + kV);
-  const float* kpe_base = p.k_pe + kv0 * p.k_pe_stride;
-  auto issue_tile = [&](int j) {
-    const int64_t j0 = static_cast<int64_t>(j) * kBN;
-    constexpr int kKChunks = kQk / 4, kVChunks = kV / 4;  // 16-byte chunks per row
-    for (int c = tid; c < kBN * kKChunks; c += kThreads) {
-      const int r = c / kKChunks, col = c % kKChunks;
-      const bool in = j0 + r < k_end;
-      const float* src = kvb_base;  // any valid address when zero-filling
-      if (in) {
-        src = col < nope_chunks ? kvb_base + (j0 + r) * p.kv_b_stride + col * 4
-                                : kpe_base + (j0 + r) * p.k_pe_stride + (col - nope_chunks) * 4;
-      }
-      cp_async16(smem_u32(kf_s + c * 4), src, in ? 16 : 0);
-    }
-    for (int c = tid; c < kBN * kVChunks; c += kThreads) {
-      const int r = c / kVChunks, col = c % kVChunks;
-      const bool in = j0 + r < k_end;
-      const float* src = kvb_base + (in ? (j0 + r) * p.kv_b_stride + nope + col * 4 : 0);
-      cp_async16(smem_u32(vf_s + c * 4), src, in ? 16 : 0);
-    }
-    cp_async_commit();
-  };
-  auto convert_tile = [&]() {
-    for (int c = tid; c < kBN * kQk / 4; c += kThreads) {
-      const int r = c / (kQk / 4), col = c % (kQk / 4);
-      store_bf16x4(k_s + r * kQkPad + col * 4, reinterpret_cast<const float4*>(kf_s)[c]);
-    }
-    for (int c = tid; c < kBN * kV / 4; c += kThreads) {
-      const int r = c / (kV / 4), col = c % (kV / 4);
-      store_bf16x4(v_s + r * kVPad + col * 4, reinterpret_cast<const float4*>(vf_s)[c]);
-    }
-  };
-
-  issue_tile(0);
-  // Q tile -> bf16 in shared memory (rows past the sequence are zero), then into registers.
-  {
-    const float* q_base = p.q + (q0 + i0) * p.q_stride + h * kQk;
-    constexpr int kChunks = kQk / 4;
-#pragma unroll 4
-    for (int c = tid; c < kBM * kChunks; c += kThreads) {
-      const int r = c / kChunks, col = c % kChunks;
-      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < rows) x = __ldg(reinterpret_cast<const float4*>(q_base + r * p.q_stride) + col);
-      store_bf16x4(q_s + r * kQkPad + col * 4, x);
-    }
-  }
-  cp_async_wait_all();
-  __syncthreads();
-  uint32_t qf[kQkSteps][4];
-  {
-    const __nv_bfloat16* base = q_s + (warp * 16 + lane % 16) * kQkPad + (lane / 16) * 8;
-#pragma unroll
-    for (int kk = 0; kk < kQkSteps; ++kk) ldsm_x4(qf[kk], smem_u32(base + kk * 16));
-  }
-  convert_tile();
-  __syncthreads();
-  if (n_tiles > 1) issue_tile(1);
-
-  const float sl2 = p.scale * kLog2e;
-  const int g = lane / 4, t4 = lane % 4;
-  const int64_t row_lim0 = diag + warp * 16 + g;  // last key visible to this thread's first row
-  float o[kOTiles][4];
-#pragma unroll
-  for (int d = 0; d < kOTiles; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-  // ldmatrix lane addresses (bf16 elements): K rows = keys (x4 = one 8-key n-tile, two k-steps);
-  // V rows = keys, transposed (x4 = one 16-key k-step, two 8-column n-tiles).
-  const __nv_bfloat16* k_lane = k_s + (lane % 8) * kQkPad + (lane / 8) * 8;
-  const __nv_bfloat16* v_lane = v_s + (lane % 16) * kVPad + (lane / 16) * 8;
-
-  for (int j = 0; j < n_tiles; ++j) {
-    const int64_t j0 = static_cast<int64_t>(j) * kBN;
-    float s[kSTiles][4];
-#pragma unroll
-    for (int n = 0; n < kSTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < kQkSteps; kk += 2) {
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-        uint32_t bk[4];
-        ldsm_x4(bk, smem_u32(k_lane + n * 8 * kQkPad + kk * 16));
-        mma_bf16(s[n], qf[kk], bk[0], bk[1]);
-        mma_bf16(s[n], qf[kk + 1], bk[2], bk[3]);
-      }
-    }
-    if (j0 + kBN - 1 > diag) {  // the tile reaches past some row's diagonal: mask
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t key = j0 + n * 8 + 2 * t4 + (e & 1);
-          if (key > row_lim0 + (e >= 2 ? 8 : 0)) s[n][e] = -INFINITY;
-        }
-      }
-    }
-    // Online softmax per row (r = 0: row g, r = 1: row g + 8); scores stay in raw units, the
-    // exponent is s * scale * log2e - m * scale * log2e.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m[r];
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float ms = mx == -INFINITY ? 0.0f : mx * sl2;
-      const float alpha = fast_exp2(m[r] * sl2 - ms);  // 0 while m was -inf
-      m[r] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kSTiles; ++n) {
-        s[n][2 * r] = fast_exp2(fmaf(s[n][2 * r], sl2, -ms));
-        s[n][2 * r + 1] = fast_exp2(fmaf(s[n][2 * r + 1], sl2, -ms));
-        sum += s[n][2 * r] + s[n][2 * r + 1];
-      }
-      l[r] = l[r] * alpha + sum;
-#pragma unroll
-      for (int d = 0; d < kOTiles; ++d) {
-        o[d][2 * r] *= alpha;
-        o[d][2 * r + 1] *= alpha;
-      }
-    }
-    // O += P·V over the tile's 64 keys, 16 at a time.
-#pragma unroll
-    for (int kk = 0; kk < kPvSteps; ++kk) {
-      uint32_t a[4];
-      a[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-      for (int d = 0; d < kOTiles; d += 2) {
-        uint32_t bv[4];
-        ldsm_x4_t(bv, smem_u32(v_lane + kk * 16 * kVPad + d * 8));
-        mma_bf16(o[d], a, bv[0], bv[1]);
-        mma_bf16(o[d + 1], a, bv[2], bv[3]);
-      }
-    }
-    if (j + 1 < n_tiles) {
-      cp_async_wait_all();
-      __syncthreads();  // every warp is done with tile j; tile j+1's staging copy is visible
-      convert_tile();
-      __syncthreads();  // bf16 tile j+1 visible; staging free again
-      if (j + 2 < n_tiles) issue_tile(j + 2);
-    }
-  }
-
-  // Normalise and store: thread holds rows g and g+8 of its warp, columns 8d + 2*t4 (+1).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int64_t row = warp * 16 + g + 8 * r;
-    if (row >= rows) continue;
-    const float inv = 1.0f / sum;
-    float* dst = p.out + ((q0 + i0 + row) * H + h) * kV + 2 * t4;
-#pragma unroll
-    for (int d = 0; d < kOTiles; ++d)
-      *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
-  }
-}
-
-}  // namespace mma_flash
-
-}  // namespace
-
-namespace {
-
-// Opt each kernel into its shared memory once per device (the attribute is per device context).
+// Opt a kernel into its shared memory once per device (the attribute is per device context);
+// `done` is that kernel's own set of devices.
 template <typename Kernel>
-void allow_smem(Kernel* k, int bytes) {
-  static std::atomic<uint64_t> done{0};
+void allow_smem(Kernel* k, int bytes, std::atomic<uint64_t>& done) {
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t{1} << (dev % 64);
@@ -443,12 +141,49 @@ void allow_smem(Kernel* k, int bytes) {
 }
 
 // qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator), q, kv_b and k_pe rows a
-// multiple of 4 floats apart and nope_dim a multiple of 4 (the model's k_pe: columns 512.. of
+// multiple of 4 floats apart and nope_dim a multiple of 8 (the model's k_pe: columns 512.. of
 // 576-wide latent rows) take the tensor cores; anything else the f32 kernel.
-bool uses_mma(const MlaExpandedParams& p) {
-  return p.qk_dim == mma_flash::kQk && p.v_dim == mma_flash::kV && p.nope_dim % 4 == 0 && aligned16(p.q) &&
-         p.q_stride % 4 == 0 && aligned16(p.kv_b) && p.kv_b_stride % 4 == 0 && aligned16(p.k_pe) &&
-         p.k_pe_stride % 4 == 0 && aligned16(p.out);
+bool uses_wgmma(const MlaExpandedParams& p) {
+  namespace fa = mla_prefill_wgmma;
+  return p.qk_dim == fa::kQk && p.v_dim == fa::kV && p.nope_dim % 8 == 0 && aligned16(p.q) && p.q_stride % 4 == 0 &&
+         aligned16(p.kv_b) && p.kv_b_stride % 4 == 0 && aligned16(p.k_pe) && p.k_pe_stride % 4 == 0 && aligned16(p.out);
+}
+
+// Tile images per round of heads: all heads at once up to ~16 heads x 8k tokens (84 MB for
+// Moonlight's 16 heads at 8,192 tokens), DeepSeek-V3's 128 heads in rounds of 43 at 8k (the budget
+// allows 50; rounds are evened out). A soft bound: a round has at least one head, whose images
+// take 640 bytes per token (~640 MB at a million tokens), and GrowOnlyScratch keeps its peak.
+constexpr int64_t kImageBudget = int64_t{256} << 20;
+
+// Per group of heads whose tile images fit kImageBudget: the images, then the flash kernel.
+void mla_expanded_wgmma(const MlaExpandedParams& p, cudaStream_t s) {
+  namespace fa = mla_prefill_wgmma;
+  // A/B switches, read per call so that tests can vary them (results are identical either way):
+  // KILN_MLA_PREFILL_STAGES, key tiles in flight (3 by default); KILN_MLA_PREFILL_GROUP_HEADS,
+  // heads per round of images (0: as many as kImageBudget allows).
+  const int stages = static_cast<int>(env_int("KILN_MLA_PREFILL_STAGES", 3, 2, 4));
+  const int64_t max_group = env_int("KILN_MLA_PREFILL_GROUP_HEADS", 0, 0);
+  static std::atomic<uint64_t> smem_done[3];
+  auto* kernel = stages == 2 ? fa::flash_kernel<2> : stages == 4 ? fa::flash_kernel<4> : fa::flash_kernel<3>;
+  const size_t smem = stages == 2 ? fa::smem_bytes<2>() : stages == 4 ? fa::smem_bytes<4>() : fa::smem_bytes<3>();
+  allow_smem(kernel, static_cast<int>(smem), smem_done[stages - 2]);
+
+  const int64_t H = p.num_heads, blocks = fa::max_blocks(p.total_kv, p.seqs.num_seqs);
+  int64_t group = std::clamp<int64_t>(kImageBudget / (blocks * fa::kTileImage), 1, H);
+  if (max_group > 0) group = std::min(group, max_group);
+  const int64_t rounds = (H + group - 1) / group;
+  group = (H + rounds - 1) / rounds;  // the same rounds, evened out
+  static GrowOnlyScratch img_buf;
+  auto* img = img_buf.get<unsigned char>(static_cast<size_t>(blocks * group * fa::kTileImage));
+  const int64_t ctas = p.total_q / fa::kBM + p.seqs.num_seqs;
+  for (int64_t h0 = 0; h0 < H; h0 += group) {
+    const auto hg = static_cast<unsigned>(std::min(group, H - h0));
+    fa::tile_images_kernel<<<dim3(static_cast<unsigned>(blocks), hg), fa::kThreads, 0, s>>>(
+        p.kv_b, p.kv_b_stride, h0, p.nope_dim, p.k_pe, p.k_pe_stride, p.seqs, img);
+    const fa::Params fp{p.q, p.q_stride, img, blocks, p.out, p.seqs, H, h0, p.scale};
+    kernel<<<dim3(static_cast<unsigned>(ctas), hg), fa::kThreads, smem, s>>>(fp);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 }  // namespace
@@ -463,20 +198,18 @@ void mla_expanded(const MlaExpandedParams& params, cudaStream_t s) {
   if (p.k_pe_stride == 0) p.k_pe_stride = p.qk_dim - p.nope_dim;
   const int64_t total_q = p.total_q;
   if (total_q == 0 || p.num_heads == 0) return;
-  if (uses_mma(p)) {
-    allow_smem(mma_flash::kernel, static_cast<int>(mma_flash::kSmem));
-    // Upper bound on sum_b ceil(q_len_b / kBM): total_q / kBM + num_seqs; spare CTAs exit at once.
-    const int64_t ctas = total_q / mma_flash::kBM + p.seqs.num_seqs;
-    dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(p.num_heads));
-    mma_flash::kernel<<<grid, mma_flash::kThreads, mma_flash::kSmem, s>>>(p);
-    KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_REQUIRE(p.total_kv >= total_q, "mla_expanded: total_kv " + std::to_string(p.total_kv) +
+                                          " (cu_kv[num_seqs]) is less than total_q " + std::to_string(total_q));
+  if (uses_wgmma(p)) {
+    mla_expanded_wgmma(p, s);
     return;
   }
   KILN_REQUIRE(p.v_dim <= kMaxV,
                "mla_expanded: v_head_dim " + std::to_string(p.v_dim) + " exceeds " + std::to_string(kMaxV));
   const size_t smem =
       sizeof(float) * static_cast<size_t>((kQ + kK) * (p.qk_dim + 1) + kK * (p.v_dim + 1) + kQ * kK + 3 * kQ);
-  allow_smem(mla_prefill_kernel, 160 * 1024);
+  static std::atomic<uint64_t> smem_done;
+  allow_smem(mla_prefill_kernel, 160 * 1024, smem_done);
   dim3 grid(static_cast<unsigned>((total_q + kQ - 1) / kQ), static_cast<unsigned>(p.num_heads));
   mla_prefill_kernel<<<grid, kThreads, smem, s>>>(p, total_q);
   KILN_CUDA_CHECK(cudaGetLastError());

@@ -17,22 +17,56 @@ namespace kiln::ops::cuda {
 namespace {
 
 // moe_detail::combine (moe_internal.cuh); row -1 is a dropped slot whose expert id was out of range.
-__global__ void combine_kernel(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w,
-                               int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out) {
+// Each thread sums V adjacent columns (16-byte loads of y, extra, add and out; V = 1 for odd widths
+// or unaligned pointers), every column in the same order and with the same operations as V = 1.
+template <typename Y, int V>
+__global__ void combine_kernel(const Y* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t top_k,
+                               int64_t hidden, const float* extra, const float* add, float* out) {
   const int64_t t = blockIdx.x;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    float acc = 0.0f;
+  for (int64_t h = threadIdx.x * int64_t{V}; h < hidden; h += blockDim.x * int64_t{V}) {
+    float acc[V] = {};
     for (int64_t j = 0; j < top_k; ++j) {
       const int64_t row = row_of[t * top_k + j];
       if (row < 0) continue;
-      float v = y[row * hidden + h];
-      if (row_lo) v += y[static_cast<int64_t>(row_lo[t * top_k + j]) * hidden + h];
-      acc += w[t * top_k + j] * v;
+      const float wj = w[t * top_k + j];
+      float v[V];
+      moe_detail::load_vec(y + row * hidden + h, v);
+      if (row_lo) {
+        float lo[V];
+        moe_detail::load_vec(y + static_cast<int64_t>(row_lo[t * top_k + j]) * hidden + h, lo);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[i] += lo[i];
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += wj * v[i];
     }
-    if (extra) acc += extra[t * hidden + h];
-    if (add) acc += add[t * hidden + h];
-    out[t * hidden + h] = acc;
+    float e[V];
+    if (extra) {
+      moe_detail::load_vec(extra + t * hidden + h, e);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += e[i];
+    }
+    if (add) {
+      moe_detail::load_vec(add + t * hidden + h, e);
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] += e[i];
+    }
+    moe_detail::store_vec(out + t * hidden + h, acc);
   }
+}
+
+template <typename Y>
+void launch_combine(const Y* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T, int64_t top_k,
+                    int64_t hidden, const float* extra, const float* add, float* out, cudaStream_t s) {
+  if (T <= 0) return;
+  constexpr int V = 16 / sizeof(Y);  // one 16-byte load of y per step
+  const auto grid = static_cast<unsigned>(T);
+  if (hidden % V == 0 && aligned16(y) && aligned16(out) && (!extra || aligned16(extra)) && (!add || aligned16(add)))
+    combine_kernel<Y, V>
+        <<<grid, moe_detail::row_threads(hidden / V), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
+  else
+    combine_kernel<Y, 1>
+        <<<grid, moe_detail::row_threads(hidden), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
 }
 
 // Split x [T, H] f32 into bf16 parts x ≈ hi + lo: out [2][T][H_pad], pad columns 0 (unsplit: hi
@@ -97,8 +131,13 @@ const float* moe_detail::shared_mlp(const MoeParams& p, Gemm& gemm, cudaStream_t
 void moe_detail::combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T,
                          int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out,
                          cudaStream_t s) {
-  if (T > 0)
-    combine_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
+  launch_combine(y, row_of, row_lo, w, T, top_k, hidden, extra, add, out, s);
+}
+
+void moe_detail::combine(const __nv_bfloat16* y, const int32_t* row_of, const int32_t* row_lo, const float* w,
+                         int64_t T, int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out,
+                         cudaStream_t s) {
+  launch_combine(y, row_of, row_lo, w, T, top_k, hidden, extra, add, out, s);
 }
 
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {

@@ -14,6 +14,12 @@
 //   hi part at doubled row s_e + r, lo part at s_e + n_e + r (expert e owns [2 s_e, 2 s_e + 2 n_e)).
 // With split activations off (Gemm::split_activations) rows are not doubled: padded row r holds
 // the bf16-rounded activation, every GEMM has half the rows, and the combine reads row_of as is.
+// Both GEMMs then store bf16 too (f32 accumulation, rounded once on the store, as vLLM and SGLang
+// keep expert outputs): gate/up is read only to be rounded into a bf16 act anyway, and y in bf16
+// costs one more 2^-9 rounding per routed value but halves the combine's reads. At an 8k Moonlight
+// prefill that is ~1 GB less traffic per layer (gate/up 49k x 2816 and y 49k x 2048, each written
+// and read once, at 2 bytes instead of 4). The glue passes move 16 bytes per access (the widths
+// here are multiples of 64; an unaligned x takes a scalar gather) and give the bits scalar ones do.
 #include <algorithm>
 #include <vector>
 
@@ -26,9 +32,10 @@ namespace kiln::ops::cuda::moe_detail {
 namespace {
 
 constexpr int64_t kBm = 64;  // expert rows padded to this (keeps few distinct GEMM shapes)
-// Scratch per pass (x2/act2 and gu/y2, ~k · (4·max(H, I) + 8·max(2I, H)) bytes per token) stays
-// under this: Moonlight runs 8k-token prefills in one pass, DeepSeek-V3 widths in ~3k-token ones.
-// The KV planner does not see it (it is allocated at the first long prompt), hence the bound.
+// Scratch per pass (x2/act2 and gu/y2: ~k · (4·max(H, I) + 8·max(2I, H)) bytes per token split,
+// ~k · (2·max(H, I) + 2·max(2I, H)) with bf16 activations) stays under this: Moonlight runs 8k-token
+// prefills in one pass, DeepSeek-V3 widths in ~3k-token ones (~9k with bf16 activations). The KV
+// planner does not see it (it is allocated at the first long prompt), hence the bound.
 constexpr int64_t kScratchBudget = int64_t{2} << 30;
 
 // Doubled-layout rows (hi, lo) of padded row r; e < 0 past the real tiles. tile_expert is sorted
@@ -65,7 +72,8 @@ __device__ DoubledRow doubled_row(const int32_t* tile_expert, int64_t max_tiles,
 }
 
 // grid: one CTA per padded row r. x2[hi], x2[lo] = bf16 hi/lo parts of x[token(r)] ([cols];
-// padding rows 0); unsplit, x2[r] = x[token(r)] rounded.
+// padding rows 0); unsplit, x2[r] = x[token(r)] rounded. V columns per thread (load_vec).
+template <int V>
 __global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, const int32_t* tile_expert,
                                     int64_t max_tiles, int64_t top_k, int64_t cols, bool split, __nv_bfloat16* x2) {
   const int64_t r = blockIdx.x;
@@ -73,25 +81,49 @@ __global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, 
   if (d.e < 0) return;
   const int32_t slot = sorted_slot[r];
   const float* src = slot < 0 ? nullptr : x + (slot / top_k) * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    store_bf16_parts(src ? src[c] : 0.0f, x2 + d.hi * cols + c, split ? x2 + d.lo * cols + c : nullptr);
+  for (int64_t c = threadIdx.x * int64_t{V}; c < cols; c += blockDim.x * int64_t{V}) {
+    float v[V] = {};
+    if (src) load_vec(src + c, v);
+    __nv_bfloat16 hi[V], lo[V];  // lo is computed either way (a few ALU ops), stored when split
+#pragma unroll
+    for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &hi[i], &lo[i]);
+    store_vec(x2 + d.hi * cols + c, hi);
+    if (split) store_vec(x2 + d.lo * cols + c, lo);
+  }
 }
 
 // grid: one CTA per padded row. gu [doubled rows, 2I] f32 (gate ‖ up, hi and lo products) ->
-// act2 [doubled rows, I] bf16: silu(g)·u split into hi/lo parts again for the down GEMM (unsplit:
-// one product per row, one rounded act).
+// act2 [doubled rows, I] bf16: silu(g)·u split into hi/lo parts again for the down GEMM.
 __global__ void swiglu_split_kernel(const float* gu, const int32_t* tile_expert, int64_t max_tiles, int64_t inter,
-                                    bool split, __nv_bfloat16* act2) {
+                                    __nv_bfloat16* act2) {
   const int64_t r = blockIdx.x;
-  const DoubledRow d = doubled_row(tile_expert, max_tiles, r, split);
+  const DoubledRow d = doubled_row(tile_expert, max_tiles, r, true);
   if (d.e < 0) return;
   const float* ghi = gu + d.hi * 2 * inter;
-  const float* glo = split ? gu + d.lo * 2 * inter : nullptr;
+  const float* glo = gu + d.lo * 2 * inter;
   for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
-    float g = ghi[j], u = ghi[inter + j];
-    if (split) g += glo[j], u += glo[inter + j];
+    const float g = ghi[j] + glo[j], u = ghi[inter + j] + glo[inter + j];
     const float v = g / (1.0f + expf(-g)) * u;  // as the grouped kernels' epilogue
-    store_bf16_parts(v, act2 + d.hi * inter + j, split ? act2 + d.lo * inter + j : nullptr);
+    store_bf16_parts(v, act2 + d.hi * inter + j, act2 + d.lo * inter + j);
+  }
+}
+
+// Unsplit: gu [rows, 2I] bf16 (the GEMM's rounded products) -> act [rows, I] bf16, the same
+// silu(g)·u in f32 rounded once; V columns per thread.
+template <int V>
+__global__ void swiglu_bf16_kernel(const __nv_bfloat16* gu, const int32_t* tile_expert, int64_t inter,
+                                   __nv_bfloat16* act) {
+  const int64_t r = blockIdx.x;
+  if (tile_expert[r / kBm] < 0) return;
+  const __nv_bfloat16* row = gu + r * 2 * inter;
+  for (int64_t j = threadIdx.x * int64_t{V}; j < inter; j += blockDim.x * int64_t{V}) {
+    float g[V], u[V];
+    load_vec(row + j, g);
+    load_vec(row + inter + j, u);
+    __nv_bfloat16 a[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) a[i] = __float2bfloat16(g[i] / (1.0f + expf(-g[i])) * u[i]);
+    store_vec(act + r * inter + j, a);
   }
 }
 
@@ -110,11 +142,17 @@ __global__ void slot_rows_kernel(const int32_t* row_of, const int32_t* tile_expe
   row_lo[i] = static_cast<int32_t>(d.lo);
 }
 
+// Bytes of one value the GEMMs store: f32 products to be summed (split), else bf16.
+int64_t out_bytes(bool split) {
+  return split ? 4 : 2;
+}
+
 void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, I = p.inter, H = p.hidden, slots = T * k;
   const int64_t tiles = max_tiles(slots, E, kBm), rows = tiles * kBm;
   const bool split = gemm.split_activations();
   const int64_t parts = split ? 2 : 1;  // rows per padded row in the GEMMs
+  const int64_t ob = out_bytes(split);
   KILN_REQUIRE(2 * rows < (int64_t{1} << 31), "moe: " + std::to_string(slots) + " routed slots overflow the row index");
   static GrowOnlyScratch idx_buf, in_buf, out_buf;
   int32_t* idx = idx_buf.get<int32_t>(static_cast<size_t>(rows + 3 * slots + tiles));
@@ -122,9 +160,9 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   int32_t* row_hi = idx + rows + slots + tiles;
   int32_t* row_lo = row_hi + slots;
   // x2 [2 rows, H] then act2 [2 rows, I] (bf16); gu [2 rows, 2I] then y2 [2 rows, H] (f32); unsplit
-  // one row each.
+  // one row each, gu and y bf16.
   auto* in2 = in_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * rows * std::max(H, I)));
-  float* out2 = out_buf.get<float>(static_cast<size_t>(parts * rows * std::max(2 * I, H)));
+  char* out2 = out_buf.get<char>(static_cast<size_t>(parts * rows * std::max(2 * I, H) * ob));
 
   moe_align(p.topk_ids, slots, E, layout, s);
   static std::vector<int32_t> host_tiles;
@@ -147,24 +185,33 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
     const int64_t e = spans[i].first, t0 = spans[i].second;
     const int64_t t1 = i + 1 < spans.size() ? spans[i + 1].second : used;
     const int64_t s0 = t0 * kBm, n = (t1 - t0) * kBm;
-    gate_up.push_back({wgu + e * 2 * I * H, in2 + parts * s0 * H, parts * n, out2 + parts * s0 * 2 * I});
-    down.push_back({wd + e * H * I, in2 + parts * s0 * I, parts * n, out2 + parts * s0 * H});
+    gate_up.push_back({wgu + e * 2 * I * H, in2 + parts * s0 * H, parts * n, out2 + parts * s0 * 2 * I * ob});
+    down.push_back({wd + e * H * I, in2 + parts * s0 * I, parts * n, out2 + parts * s0 * H * ob});
   }
+  const DType out_dtype = split ? DType::F32 : DType::BF16;
+  auto* out_f32 = reinterpret_cast<float*>(out2);
+  auto* out_bf16 = reinterpret_cast<__nv_bfloat16*>(out2);
   if (real_rows > 0) {
     const auto grid = static_cast<unsigned>(real_rows);
-    gather_split_kernel<<<grid, 256, 0, s>>>(p.x, layout.sorted_slot, layout.tile_expert, tiles, k, H, split, in2);
-    gemm.grouped(gate_up.data(), static_cast<int64_t>(gate_up.size()), 2 * I, H, H, 2 * I, s);
-    swiglu_split_kernel<<<grid, 256, 0, s>>>(out2, layout.tile_expert, tiles, I, split, in2);
-    gemm.grouped(down.data(), static_cast<int64_t>(down.size()), H, I, I, H, s);
+    // Widths are multiples of 64 and x is 16-byte aligned here (moe_cublas_eligible); scratch rows
+    // start 16-byte aligned: 8 values per access throughout.
+    gather_split_kernel<8>
+        <<<grid, row_threads(H / 8), 0, s>>>(p.x, layout.sorted_slot, layout.tile_expert, tiles, k, H, split, in2);
+    gemm.grouped(gate_up.data(), static_cast<int64_t>(gate_up.size()), 2 * I, H, H, 2 * I, s, out_dtype);
+    if (split)
+      swiglu_split_kernel<<<grid, 256, 0, s>>>(out_f32, layout.tile_expert, tiles, I, in2);
+    else
+      swiglu_bf16_kernel<8><<<grid, row_threads(I / 8), 0, s>>>(out_bf16, layout.tile_expert, I, in2);
+    gemm.grouped(down.data(), static_cast<int64_t>(down.size()), H, I, I, H, s, out_dtype);
   }
   const float* shared = shared_mlp(p, gemm, s);
-  if (!split) {  // padded row r is row r of y2: the aligned layout's row_of as is
-    combine(out2, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+  if (!split) {  // padded row r is row r of y: the aligned layout's row_of as is
+    combine(out_bf16, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
     return;
   }
   slot_rows_kernel<<<blocks_for(slots, 256), 256, 0, s>>>(layout.row_of, layout.tile_expert, tiles, slots, row_hi,
                                                           row_lo);
-  combine(out2, row_hi, row_lo, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+  combine(out_f32, row_hi, row_lo, p.topk_weights, T, k, H, shared, p.add, p.out, s);
 }
 
 }  // namespace
@@ -172,8 +219,9 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
 bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s) {
   if (p.num_tokens < moe_cublas_min_tokens()) return false;
   // Every operand of every expert GEMM 256-byte aligned, as cuBLASLt's heuristics assume by default
-  // (real widths are multiples of 64; odd test sizes take the grouped kernels).
-  if (p.hidden % 64 || p.inter % 64) return false;
+  // (real widths are multiples of 64; odd test sizes take the grouped kernels), and x 16-byte
+  // aligned for the vectorised gather (always, from the allocator).
+  if (p.hidden % 64 || p.inter % 64 || !aligned16(p.x)) return false;
   for (const void* w : {p.w_gate_up, p.w_down})
     if (reinterpret_cast<uintptr_t>(w) % 256) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -182,7 +230,11 @@ bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s) {
 }
 
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
-  const int64_t per_token = p.top_k * (4 * std::max(p.hidden, p.inter) + 8 * std::max(2 * p.inter, p.hidden));
+  // Scratch bytes per token: k rows of x2/act2 (bf16) and of gu/y2 (out_bytes), doubled when split.
+  const int64_t parts = gemm.split_activations() ? 2 : 1;
+  const int64_t per_token =
+      p.top_k * parts *
+      (2 * std::max(p.hidden, p.inter) + out_bytes(gemm.split_activations()) * std::max(2 * p.inter, p.hidden));
   const int64_t passes = (p.num_tokens * per_token + kScratchBudget - 1) / kScratchBudget;
   const int64_t chunk = (p.num_tokens + passes - 1) / passes;  // even passes: no small last one
   for (int64_t t0 = 0; t0 < p.num_tokens; t0 += chunk) {

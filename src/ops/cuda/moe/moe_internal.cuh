@@ -1,5 +1,6 @@
-// Pieces of the device-side routed-expert path shared by moe.cu (dispatch), moe_align.cu (token
-// permutation) and moe_grouped_gemm.cu (the two grouped tensor-core GEMMs).
+// Pieces of the device-side routed-expert path shared by moe.cu (dispatch, combine), moe_align.cu
+// (token permutation), moe_grouped_gemm.cu (the two grouped tensor-core GEMMs) and moe_cublas.cu
+// (per-expert cuBLASLt GEMMs, the row-wise glue passes around them).
 //
 // Layout: the T·k (token, choice) slots are sorted by expert; each expert's rows are padded up to
 // a multiple of the M tile `bm`, so every bm-row tile belongs to one expert. The number of tiles is
@@ -12,8 +13,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/params.h"
 
@@ -71,15 +74,83 @@ struct DownArgs {
 void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
 void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s);
 
+// V consecutive values at p as f32, and back, for the row-wise glue passes (gather, SwiGLU,
+// combine): 16-byte loads and stores where V values fill them (p then 16-byte aligned), V = 1 the
+// scalar fallback for odd widths and unaligned pointers. Values are converted one by one exactly
+// as a scalar loop would, so a vectorised pass gives the same bits as a scalar one.
+template <int V>
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < V / 4; ++q) {
+      const float4 f = reinterpret_cast<const float4*>(p)[q];
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = p[i];
+  }
+}
+template <int V>
+__device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&v)[V]) {
+  if constexpr (V % 8 == 0) {
+#pragma unroll
+    for (int q = 0; q < V / 8; ++q) {
+      float f[8];
+      bf16x8_to_f32(reinterpret_cast<const uint4*>(p)[q], f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[8 * q + i] = f[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] = __bfloat162float(p[i]);
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < V / 4; ++q)
+      reinterpret_cast<float4*>(p)[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = v[i];
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_vec(__nv_bfloat16* p, const __nv_bfloat16 (&v)[V]) {
+  if constexpr (V % 8 == 0) {
+#pragma unroll
+    for (int q = 0; q < V / 8; ++q) {
+      uint4 u;
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h[i] = __halves2bfloat162(v[8 * q + 2 * i], v[8 * q + 2 * i + 1]);
+      reinterpret_cast<uint4*>(p)[q] = u;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = v[i];
+  }
+}
+
+// Threads of a one-CTA-per-row glue pass over `vecs` vectors per row: whole warps, at most 256.
+inline int row_threads(int64_t vecs) {
+  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, round_up(vecs, 32))));
+}
+
 // The deterministic combine (moe.cu), one CTA per token: out[t, h] = Σ_j w[t, j] · y_j[h] + extra[t, h]
-// + add[t, h], j in order, y_j = y[row_of[t * top_k + j]] (+ y[row_lo[...]] when row_lo is given:
-// moe_cublas.cu's hi and lo halves); row -1 (a dropped slot) adds nothing; extra (the shared
-// experts), add (MoeParams::add) and row_lo may be null.
+// + add[t, h], j in order, f32 accumulation, y_j = y[row_of[t * top_k + j]] (+ y[row_lo[...]] when
+// row_lo is given: moe_cublas.cu's hi and lo halves); row -1 (a dropped slot) adds nothing; extra
+// (the shared experts), add (MoeParams::add) and row_lo may be null. y is f32 (the grouped kernels,
+// the split cuBLASLt path) or bf16 (the cuBLASLt path with bf16 activations: half the bytes read).
 void combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T, int64_t top_k,
              int64_t hidden, const float* extra, const float* add, float* out, cudaStream_t s);
+void combine(const __nv_bfloat16* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T,
+             int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out, cudaStream_t s);
 
 // Prefill-sized batches outside a capture (moe_cublas.cu): one cuBLASLt GEMM per expert, sized
-// on the host. Eligible when the stream is not capturing, the widths are multiples of 8 and the
+// on the host. Eligible when the stream is not capturing, the widths are multiples of 64 and the
 // batch has at least KILN_MOE_CUBLAS_MIN_TOKENS tokens.
 bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
