@@ -394,9 +394,10 @@ std::string describe(const PrefillCase& c) {
 
 // qk 192 / v 128 (the DeepSeek-V3 shape) runs on tensor cores: q, k, v and the softmax weights P
 // are rounded to bf16 for the mma (2^-9 relative each, as FlashAttention does); scores, softmax and
-// accumulation stay f32. A host emulation of exactly that kernel (its fragment layouts, tiling and
-// rounding) against a double reference gives a normalised error (max |ref - got| / max |ref|) of
-// 1.7e-3..2.9e-3 on these inputs (contexts 37..16k, with and without prefixes); 1e-2 leaves margin
+// accumulation stay f32. A host emulation of the earlier mma.sync kernel, which rounds at the same
+// points as the wgmma one (its fragment layouts, tiling and rounding), against a double reference
+// gives a normalised error (max |ref - got| / max |ref|) of 1.7e-3..2.9e-3 on these inputs
+// (contexts 37..16k, with and without prefixes); 1e-2 leaves margin
 // while a wrong row, head, sequence or mask (the first row of a sequence sees one key: errors of
 // order 1) still fails. Other head dims run the f32 kernel and keep the f32 bound.
 double expanded_bound(const PrefillCase& c) {

@@ -150,8 +150,8 @@ void combine(const __nv_bfloat16* y, const int32_t* row_of, const int32_t* row_l
              int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out, cudaStream_t s);
 
 // Prefill-sized batches outside a capture (moe_cublas.cu): one cuBLASLt GEMM per expert, sized
-// on the host. Eligible when the stream is not capturing, the widths are multiples of 64 and the
-// batch has at least KILN_MOE_CUBLAS_MIN_TOKENS tokens.
+// on the host. Eligible when the stream is not capturing, the widths are multiples of 64, x is
+// 16-byte aligned and the batch has at least KILN_MOE_CUBLAS_MIN_TOKENS tokens.
 bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 
