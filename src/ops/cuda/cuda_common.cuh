@@ -25,6 +25,10 @@ inline unsigned blocks_for(int64_t n, int threads) {
 }
 
 // Streaming multiprocessors of the current device (read once per process).
+// Threads of a one-CTA-per-row kernel whose threads stride over `work` items of the row.
+inline int row_threads(int64_t work) {
+  return work >= 512 ? 256 : (work >= 128 ? 128 : 32);
+}
 inline int sm_count() {
   static const int n = [] {
     int dev = 0, v = 0;

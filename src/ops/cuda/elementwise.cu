@@ -164,10 +164,6 @@ __global__ void fill_random_kernel(void* data, bool bf16, int64_t n, uint64_t se
   }
 }
 
-int row_threads(int64_t cols) {
-  return cols >= 512 ? 256 : (cols >= 128 ? 128 : 32);
-}
-
 }  // namespace
 
 void copy(const CopyParams& p, cudaStream_t s) {

@@ -62,11 +62,9 @@ void launch_combine(const Y* y, const int32_t* row_of, const int32_t* row_lo, co
   constexpr int V = 16 / sizeof(Y);  // one 16-byte load of y per step
   const auto grid = static_cast<unsigned>(T);
   if (hidden % V == 0 && aligned16(y) && aligned16(out) && (!extra || aligned16(extra)) && (!add || aligned16(add)))
-    combine_kernel<Y, V>
-        <<<grid, moe_detail::row_threads(hidden / V), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
+    combine_kernel<Y, V><<<grid, row_threads(hidden / V), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
   else
-    combine_kernel<Y, 1>
-        <<<grid, moe_detail::row_threads(hidden), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
+    combine_kernel<Y, 1><<<grid, row_threads(hidden), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
 }
 
 // Split x [T, H] f32 into bf16 parts x ≈ hi + lo: out [2][T][H_pad], pad columns 0 (unsplit: hi

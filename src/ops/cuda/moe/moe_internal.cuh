@@ -13,7 +13,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -132,11 +131,6 @@ __device__ __forceinline__ void store_vec(__nv_bfloat16* p, const __nv_bfloat16 
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = v[i];
   }
-}
-
-// Threads of a one-CTA-per-row glue pass over `vecs` vectors per row: whole warps, at most 256.
-inline int row_threads(int64_t vecs) {
-  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, round_up(vecs, 32))));
 }
 
 // The deterministic combine (moe.cu), one CTA per token: out[t, h] = Σ_j w[t, j] · y_j[h] + extra[t, h]
