@@ -331,7 +331,7 @@ json bench_moe_layer(ops::Backend& be, double copy_gbps, double gemm_tflops) {
   uint64_t z = 88172645463325252ull;  // xorshift64 state
   for (DType act : {DType::F32, DType::BF16}) {
     be.set_activation_dtype(act);
-    for (int64_t T : {1, 4, 8, 16, 32, 128, 256, 1024, 8192}) {
+    for (int64_t T : {1, 4, 8, 16, 32, 128, 256, 512, 1024, 2048, 4096, 8192}) {
       if (act == DType::BF16 && T <= 8) continue;  // decode GEMVs read f32 activations either way
       std::vector<int32_t> ids;
       std::vector<char> touched(static_cast<size_t>(E), 0);

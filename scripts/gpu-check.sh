@@ -49,14 +49,17 @@ KILN_PDL=0 .gpu/kiln bench model --device cuda --config bench/configs/moonlight-
 BENCH=(.gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights)
 echo "== A/B: 16-row MoE tiles on the skinny grouped kernel (default) or the general one (KILN_MOE_SKINNY=0)"
 for v in 1 0; do
-  KILN_MOE_SKINNY=$v "${BENCH[@]}" --batch-sizes 32,256 --prompt-len 128 --decode-steps 32 2>&1 |
+  KILN_MOE_SKINNY=$v "${BENCH[@]}" --batch-sizes 32,128 --prompt-len 128 --decode-steps 32 2>&1 |
     grep -E "^ +[0-9]" | sed "s/^/skinny=$v: /"
 done
-echo "== A/B: prefill experts through cuBLASLt from KILN_MOE_CUBLAS_MIN_TOKENS tokens (default 1024; 1e9 = never)"
-for v in 1024 128 1000000000; do
-  for len in 1000 8000; do
-    KILN_MOE_CUBLAS_MIN_TOKENS=$v "${BENCH[@]}" --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
-      grep -E "^ +[0-9]" | sed "s/^/cublas_min=$v prompt=$len: /"
+echo "== A/B: prefill experts on the wgmma kernels (default from 256 tokens), per-expert cuBLASLt, or mma.sync"
+for paths in "wgmma 256 1024" "cublas 1000000000 0" "mma.sync 1000000000 1000000000"; do
+  read -r path wgmma_min cublas_min <<<"$paths"  # not set --: the script's own arguments go to the bench
+  for act in f32 bf16; do
+    for len in 512 1000 8000; do
+      KILN_MOE_WGMMA_MIN_TOKENS=$wgmma_min KILN_MOE_CUBLAS_MIN_TOKENS=$cublas_min "${BENCH[@]}" --activation-dtype $act \
+        --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 | grep -E "^ +[0-9]" | sed "s/^/experts=$path $act prompt=$len: /"
+    done
   done
 done
 echo "== A/B: GEMM activations f32 (hi/lo split, default) or bf16 (--activation-dtype bf16)"
@@ -91,6 +94,9 @@ KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config 
 KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
   --random-weights --activation-dtype bf16 --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 |
   grep -A 25 "op profile" | tee "$OUT/op_profile_prefill8k_bf16.log"
+KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
+  --random-weights --activation-dtype bf16 --batch-sizes 1 --prompt-len 1000 --decode-steps 2 2>&1 |
+  grep -A 25 "op profile" | tee "$OUT/op_profile_prefill1k_bf16.log"
 # Kernel by kernel (Nsight Compute, one duration metric, caches and clocks left alone): a 2k-token
 # prefill, steps of 64 tokens (a 64-sequence prefill of one token each, then two decode steps), and
 # single-stream steps (one sequence: a one-token prefill, then two decode steps).

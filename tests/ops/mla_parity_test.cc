@@ -475,15 +475,8 @@ TEST(MlaParity, ExpandedDepthsAndHeadGroupsAgree) {
                                                                      {"KILN_MLA_PREFILL_GROUP_HEADS", "5"},
                                                                      {"KILN_MLA_PREFILL_GROUP_HEADS", "1"}};
   for (const auto& [name, value] : switches) {
-    const char* was = std::getenv(name);
-    const std::string saved = was ? was : "";
-    setenv(name, value, 1);
-    const auto got = run_expanded(*gpu, c, in);
-    if (was)
-      setenv(name, saved.c_str(), 1);
-    else
-      unsetenv(name);
-    EXPECT_EQ(got, base) << name << "=" << value;
+    const ScopedEnv env(name, value);
+    EXPECT_EQ(run_expanded(*gpu, c, in), base) << name << "=" << value;
   }
 }
 

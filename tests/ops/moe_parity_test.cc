@@ -43,19 +43,26 @@ TEST(Parity, RouterChoosesTheSameExperts) {
 }
 
 // The gate projection inside the routing op: one launch up to 8 tokens, per-expert CTAs over
-// 8-token chunks to 256, a tiled GEMM beyond.
+// 8-token chunks to 256, a tiled GEMM beyond (its tails: tokens and experts past a 64-wide tile, H
+// past a 32-wide k step, cp.async for H % 4 == 0 and plain loads for an odd H; H split over CTAs
+// into 1-32 slices summed in order; a gate exact in bf16, as checkpoints store it, skips the
+// 3xTF32 terms of its zero remainder). Logits repeat bit for bit.
 TEST(Parity, RouterWithFusedGate) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
   struct Shape {
     int64_t tokens, experts, hidden, top_k, groups, topk_groups;
+    bool bf16_gate = false;
   };
-  for (Shape r : {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
-                  Shape{4, 8, 90, 2, 4, 2}, Shape{5, 64, 96, 6, 1, 1}, Shape{8, 384, 100, 8, 1, 1},
-                  Shape{9, 64, 2048, 6, 1, 1}, Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1},
-                  Shape{257, 64, 2048, 6, 1, 1}, Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}}) {
+  for (Shape r :
+       {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
+        Shape{4, 8, 90, 2, 4, 2}, Shape{5, 64, 96, 6, 1, 1}, Shape{8, 384, 100, 8, 1, 1}, Shape{9, 64, 2048, 6, 1, 1},
+        Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1}, Shape{257, 64, 2048, 6, 1, 1},
+        Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}, Shape{333, 72, 100, 6, 1, 1},
+        Shape{520, 512, 99, 8, 8, 4}, Shape{1000, 64, 2048, 6, 1, 1, true}, Shape{8000, 64, 2048, 6, 1, 1, true}}) {
     const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
-    const auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
+    auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
+    if (r.bf16_gate) gate = bf16_round(gate);
     const auto bias = randn(static_cast<size_t>(r.experts), 23, 0.05f);
     std::vector<float> w[2], logits[2];
     std::vector<int32_t> ids[2];
@@ -68,9 +75,12 @@ TEST(Parity, RouterWithFusedGate) {
       ops::RouterParams p{nullptr, tb.f32(), ti.t.as<int32_t>(), tw.f32(), r.tokens, r.experts,
                           r.top_k, r.groups, r.topk_groups,      true,     2.5f};
       p.x = tx.f32(), p.gate_weight = tg.f32(), p.gate_logits = tl.f32(), p.hidden = r.hidden;
-      for (int rep = 0; rep < 2; ++rep) be[b]->router(p);  // twice: the fused launch resets its own state
+      be[b]->router(p);
+      const auto first = get(*be[b], tl);
+      be[b]->router(p);  // twice: the fused launch resets its own state
       w[b] = get(*be[b], tw);
       logits[b] = get(*be[b], tl);
+      EXPECT_EQ(first, logits[b]) << r.tokens << " tokens: logits differ between two runs";
       ids[b].resize(static_cast<size_t>(r.tokens * r.top_k));
       be[b]->download(ids[b].data(), ti.t);
     }
@@ -249,8 +259,9 @@ TEST(Parity, MoeExperts) {
   for (int64_t T : {1, 4, 37}) shapes.push_back({T, 96, 40, 8, 2, MoeRouting::Random, 80});
   for (int64_t T : {1, 3, 6}) shapes.push_back({T, 90, 36, 6, 2, MoeRouting::Random, 36});
   shapes.push_back({1, 7168, 2048, 8, 8, MoeRouting::Random, 2048});
-  // Prefill-sized steps on the cuBLASLt per-expert path (>= 1024 tokens, widths multiples of 64):
-  // random, few experts (most get none) and one expert in every token's slot 0; Moonlight widths.
+  // Prefill-sized steps on the wgmma kernels (>= 256 tokens, widths multiples of 64): random, few
+  // experts (most get none) and one expert in every token's slot 0; Moonlight widths.
+  // MoePrefillPathsAgree covers the cuBLASLt and mma.sync paths at these sizes.
   for (auto r : {MoeRouting::Random, MoeRouting::FewExperts, MoeRouting::OneHot})
     shapes.push_back({1100, 256, 128, 16, 4, r, 256});
   shapes.push_back({2048, 2048, 1408, 64, 6, MoeRouting::Random, 2816});
@@ -284,8 +295,8 @@ std::vector<float> run_moe_add(ops::Backend& be, const MoeShape& s, uint64_t see
   return out;
 }
 
-// Decode GEMVs (1, 8 tokens), the grouped path (64) and the cuBLASLt one (1100), with and without
-// shared experts.
+// Decode GEMVs (1, 8 tokens), the grouped mma.sync path (64) and the wgmma one (1100), with and
+// without shared experts.
 const MoeShape kMoeAddShapes[] = {
     {1, 1024, 256, 16, 6, MoeRouting::Random, 512},
     {8, 1024, 256, 16, 6, MoeRouting::Random, 512},
@@ -293,7 +304,7 @@ const MoeShape kMoeAddShapes[] = {
     {1, 96, 40, 8, 2},
     {8, 90, 36, 6, 2, MoeRouting::Random, 36},
     {64, 96, 40, 8, 2},
-    {1100, 256, 128, 16, 4, MoeRouting::Random, 256},  // the cuBLASLt path
+    {1100, 256, 128, 16, 4, MoeRouting::Random, 256},  // the wgmma path
     // Decode down segments: a short last one (1544 / 8 = 193 chunks in 2), scalar rows in 3
     {1, 256, 1544, 8, 2, MoeRouting::Random, 1544},
     {3, 90, 404, 6, 2, MoeRouting::Random, 404}};
@@ -322,11 +333,11 @@ TEST(Parity, MoeWithAdd) {
 // odd widths, cuBLASLt per expert, the shared MLP) multiplies x rounded to bf16 once, and the
 // expert activation silu(g)·u rounded once more. Against the CPU on the same rounded x only that
 // second rounding (2^-9 relative per value) and accumulation order remain; decode GEMVs (<= 8
-// tokens) keep f32 activations and still match the f32 reference. The cuBLASLt path (>= 1024
-// tokens) also stores gate/up and the expert outputs y in bf16: three roundings per routed value
-// instead of one: 3e-3 to 4e-3 of the largest output on these shapes in a CPU model of those
-// roundings (4.2e-3 the worst over a dozen other seeds), hence its looser bound; a wrong row or
-// dtype would be off by O(1).
+// tokens) keep f32 activations and still match the f32 reference. The prefill paths (>= 256
+// tokens: wgmma, or cuBLASLt, MoePrefillPathsAgree) also store the expert outputs y in bf16, and
+// cuBLASLt gate/up too: up to three roundings per routed value instead of one: 3e-3 to 4e-3 of the
+// largest output on these shapes in a CPU model of those roundings (4.2e-3 the worst over a dozen
+// other seeds), hence their looser bound; a wrong row or dtype would be off by O(1).
 TEST(Parity, MoeBf16Activations) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
@@ -337,12 +348,12 @@ TEST(Parity, MoeBf16Activations) {
   };
   const Case cases[] = {{{4, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},   // decode GEMVs
                         {{16, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},  // 16-row tiles, skinny kernel
-                        {{256, 256, 128, 64, 6, MoeRouting::OneHot}},         // the same, one expert in every token
-                        {{256, 256, 128, 16, 4, MoeRouting::Random}},         // 32-row tiles
+                        {{200, 256, 128, 64, 6, MoeRouting::OneHot}},         // the same, one expert in every token
+                        {{200, 256, 128, 16, 4, MoeRouting::Random}},         // 32-row tiles
                         {{1000, 96, 40, 8, 2, MoeRouting::Random, 80}},       // 64-row tiles
                         {{37, 90, 36, 6, 2, MoeRouting::Random, 36}},         // 16-row tiles, scalar weight loads
-                        // cuBLASLt per expert: few experts (most get none), one expert in every
-                        // token's slot 0, no shared experts, the residual add, Moonlight widths.
+                        // wgmma: few experts (most get none), one expert in every token's slot 0,
+                        // no shared experts, the residual add, Moonlight widths.
                         {{1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256}},
                         {{1100, 256, 128, 16, 4, MoeRouting::OneHot, 256}},
                         {{1100, 256, 128, 16, 4, MoeRouting::Random}},
@@ -354,14 +365,71 @@ TEST(Parity, MoeBf16Activations) {
     const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
     const auto add = randn(static_cast<size_t>(s.tokens * s.hidden), seed + 3);
     const auto* a = with_add ? &add : nullptr;
-    const bool gemv = s.tokens <= 8, cublas = s.tokens >= 1024;
+    const bool gemv = s.tokens <= 8, prefill = s.tokens >= 256;
     const auto want = run_moe_experts(*cpu, s, seed, gemv ? x : bf16_round(x), a);
     const auto got = run_moe_experts(*gpu, s, seed, x, a), again = run_moe_experts(*gpu, s, seed, x, a);
     const std::string what = std::to_string(s.tokens) + " tokens, hidden " + std::to_string(s.hidden) + ", routing " +
                              std::to_string(static_cast<int>(s.routing)) + ", shared " +
                              std::to_string(s.shared_inter) + (with_add ? ", add" : "");
-    EXPECT_LE(norm_err(want, got), gemv ? 1e-4 : cublas ? 6e-3 : 4e-3) << what;
+    EXPECT_LE(norm_err(want, got), gemv ? 1e-4 : prefill ? 6e-3 : 4e-3) << what;
     EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << what;
+  }
+}
+
+// The three prefill expert paths, each against the CPU with f32 (hi/lo split) and bf16
+// activations, and each repeating bit for bit: the wgmma kernels (from KILN_MOE_WGMMA_MIN_TOKENS,
+// 0 here), the cuBLASLt per-expert GEMMs and the grouped mma.sync kernels (the other two reached
+// by moving the thresholds, read per call). Shapes: inter 192 and hidden 320 leave a half-filled
+// last column tile in both wgmma GEMMs; 17 tokens leave most of every 128-row tile as padding;
+// few experts (most get none) and one expert in every token's slot 0 (its rows span many tiles);
+// the residual add; Moonlight widths with shared experts; 3,072 experts (the expert sort's
+// multi-round scan). "several passes": KILN_MOE_PASS_BYTES = 4 MB splits each batch into token
+// chunks. With bf16 activations the wgmma and cuBLASLt paths also round the expert outputs y (and
+// cuBLASLt gate/up) to bf16: MoeBf16Activations' bound.
+TEST(Parity, MoePrefillPathsAgree) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  struct Case {
+    MoeShape s;
+    bool add = false;
+  };
+  const Case cases[] = {
+      {{600, 320, 192, 16, 4, MoeRouting::Random, 128}},      {{17, 128, 64, 8, 2, MoeRouting::Random}},
+      {{1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256}}, {{1100, 256, 128, 16, 4, MoeRouting::OneHot}, true},
+      {{600, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},   {{2600, 64, 64, 3072, 8, MoeRouting::Random}}};
+  struct Path {
+    const char* name;
+    const char* wgmma_min;
+    const char* cublas_min;
+    float bf16_bound;
+    const char* pass_bytes = "2147483648";
+  };
+  const Path paths[] = {{"wgmma", "0", "1000000000", 6e-3f},
+                        {"wgmma, several passes", "0", "1000000000", 6e-3f, "4000000"},
+                        {"cuBLASLt", "1000000000", "0", 6e-3f},
+                        {"mma.sync", "1000000000", "1000000000", 4e-3f}};
+  uint64_t seed = 1300;
+  for (const auto& [s, with_add] : cases) {
+    ++seed;
+    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
+    const auto add = randn(static_cast<size_t>(s.tokens * s.hidden), seed + 3);
+    const auto* a = with_add ? &add : nullptr;
+    for (const DType act : {DType::F32, DType::BF16}) {
+      const bool bf16 = act == DType::BF16;
+      const GpuActivations dtype(act);
+      const auto want = run_moe_experts(*cpu, s, seed, bf16 ? bf16_round(x) : x, a);
+      for (const Path& path : paths) {
+        const ScopedEnv wgmma("KILN_MOE_WGMMA_MIN_TOKENS", path.wgmma_min);
+        const ScopedEnv passes("KILN_MOE_PASS_BYTES", path.pass_bytes);
+        const ScopedEnv cublas("KILN_MOE_CUBLAS_MIN_TOKENS", path.cublas_min);
+        const auto got = run_moe_experts(*gpu, s, seed, x, a), again = run_moe_experts(*gpu, s, seed, x, a);
+        const std::string what = std::string(path.name) + (bf16 ? ", bf16" : ", f32") + " activations, " +
+                                 std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +
+                                 std::to_string(s.inter) + ", routing " + std::to_string(static_cast<int>(s.routing));
+        EXPECT_LE(norm_err(want, got), bf16 ? path.bf16_bound : 1e-4f) << what;
+        EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << what;
+      }
+    }
   }
 }
 

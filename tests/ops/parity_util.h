@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/backend.h"
@@ -35,6 +37,29 @@ struct GpuActivations {
   ~GpuActivations() { backends().gpu->set_activation_dtype(DType::F32); }
   GpuActivations(const GpuActivations&) = delete;
   GpuActivations& operator=(const GpuActivations&) = delete;
+};
+
+// Sets an environment variable for one scope and restores what was there (the CUDA backend's
+// A/B switches that are read per call).
+struct ScopedEnv {
+  ScopedEnv(std::string name, const char* value) : name_(std::move(name)) {
+    const char* was = std::getenv(name_.c_str());
+    had_ = was != nullptr;
+    if (was) saved_ = was;
+    setenv(name_.c_str(), value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), saved_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, saved_;
+  bool had_ = false;
 };
 
 #define KILN_NEED_GPU() \

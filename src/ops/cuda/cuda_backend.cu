@@ -177,15 +177,19 @@ class CudaBackend final : public Backend {
          "GEMM first"},
         {"router",
          "kiln gate projection + sigmoid + bias + grouped top-k: <=8 tokens one launch with the post-attention "
-         "RMSNorm fused in (last CTA routes); more: RMSNorm, a gate GEMV/GEMM, then a warp per token"},
+         "RMSNorm fused in (last CTA routes); more: RMSNorm, a gate GEMV (<=256 tokens) or a 3xTF32 tensor-core "
+         "GEMM with H split over CTAs, then a warp per token (summing the slices in order)"},
         {"moe", "<=" + std::to_string(cuda::moe_gemv_max_tokens()) +
                     " tokens: kiln decode GEMVs, routed + shared experts in two launches; more: device-sorted grouped "
                     "mma.sync GEMMs (gate/up + SwiGLU, down; " +
                     (gemm_.split_activations() ? "hi/lo f32 activations" : "bf16-rounded activations") +
                     "; 16-row tiles on the skinny kernel: 512-byte weight rows per stage, k split over warps), shared "
-                    "experts via cuBLASLt; uncaptured steps of >=" +
+                    "experts via cuBLASLt; >=" +
+                    std::to_string(cuda::moe_wgmma_min_tokens()) +
+                    " tokens (widths multiples of 64): the same layout on wgmma kernels (128x256 tiles, 3-4 "
+                    "cp.async stages, SwiGLU in the gate/up epilogue; one cuBLASLt GEMM per expert from >=" +
                     std::to_string(cuda::moe_cublas_min_tokens()) +
-                    " tokens: one cuBLASLt GEMM per expert on 4 side streams (expert sizes read back per layer)"},
+                    " uncaptured tokens only when KILN_MOE_WGMMA_MIN_TOKENS is raised, for A/Bs)"},
         {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},
         {"norm/rope/etc", "kiln elementwise kernels (f32 activations, float4 RMSNorm)"},
         {"launches", "every decode kernel" + pdl}};

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,6 +39,18 @@ inline int sm_count() {
     return v > 0 ? v : 132;
   }();
   return n;
+}
+
+// Opt a kernel into its shared memory once per device (the attribute is per device context);
+// `done` is that kernel's own set of devices.
+template <typename Kernel>
+void allow_smem(Kernel* k, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t{1} << (dev % 64);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_release);
 }
 
 // Weights arrive as bf16 (the backend's weight dtype) or f32 (router, tests).

@@ -73,7 +73,10 @@ void router(const RouterParams& p, cudaStream_t s);
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 // Largest token count the MoE runs as decode GEMVs (KILN_MOE_GEMV_MAX_TOKENS, default 8).
 int64_t moe_gemv_max_tokens();
-// Smallest uncaptured step (tokens) whose experts run as cuBLASLt GEMMs (KILN_MOE_CUBLAS_MIN_TOKENS, 1024).
+// Smallest step (tokens) whose experts run on the wgmma kernels (KILN_MOE_WGMMA_MIN_TOKENS, 256).
+int64_t moe_wgmma_min_tokens();
+// Smallest uncaptured step (tokens) whose experts run as cuBLASLt GEMMs when the wgmma kernels do
+// not take them (KILN_MOE_CUBLAS_MIN_TOKENS, 1024).
 int64_t moe_cublas_min_tokens();
 
 }  // namespace kiln::ops::cuda

@@ -128,18 +128,6 @@ __global__ void __launch_bounds__(kThreads) mla_prefill_kernel(MlaExpandedParams
   }
 }
 
-// Opt a kernel into its shared memory once per device (the attribute is per device context);
-// `done` is that kernel's own set of devices.
-template <typename Kernel>
-void allow_smem(Kernel* k, int bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev % 64);
-  if (done.load(std::memory_order_acquire) & bit) return;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit, std::memory_order_release);
-}
-
 // qk 192 / v 128 with 16-byte aligned tensors (always, from the allocator), q, kv_b and k_pe rows a
 // multiple of 4 floats apart and nope_dim a multiple of 8 (the model's k_pe: columns 512.. of
 // 576-wide latent rows) take the tensor cores; anything else the f32 kernel.

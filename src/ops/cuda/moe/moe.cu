@@ -4,13 +4,18 @@
 //    grouped tensor-core GEMMs (moe_grouped_gemm.cu): gate/up with SwiGLU fused, then down; each
 //    expert's weights are read once per column block, however many tokens chose it. No host round
 //    trip, so captured decode steps of any batch take this path.
-//  - Prefill-sized batches outside a capture: one cuBLASLt GEMM per expert (moe_cublas.cu), the
-//    expert sizes read back to the host once per layer.
+//  - Prefill-sized batches (>= KILN_MOE_WGMMA_MIN_TOKENS, widths multiples of 64): the same
+//    layout with 128-row tiles on Hopper wgmma kernels (moe_wgmma.cu), SwiGLU fused, no host sync.
+//  - One cuBLASLt GEMM per expert (moe_cublas.cu; uncaptured, the expert sizes read back once per
+//    layer): what prefill used before the wgmma kernels. The shapes it takes are a subset of theirs,
+//    so it runs only when KILN_MOE_WGMMA_MIN_TOKENS is raised past the step: kept as the measured
+//    baseline for A/Bs (docs/results.md), not on a default path.
 // The shared experts run as one dense MLP (or inside the decode GEMVs) and join in the
 // deterministic combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order.
 // Weights must be bf16 (the CUDA backend's weight dtype).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/env.h"
 #include "ops/cuda/moe/moe_internal.cuh"
 
 namespace kiln::ops::cuda {
@@ -87,28 +92,58 @@ int64_t choose_bm(int64_t slots, int64_t experts) {
   return per_expert <= 24 ? 16 : per_expert <= 64 ? 32 : 64;
 }
 
-void moe_grouped(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
+// wgmma: the Hopper kernels with 128-row tiles (moe_wgmma.cu), for prefill-sized batches.
+void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
   using namespace moe_detail;
   const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, I = p.inter, H = p.hidden, slots = T * k;
-  const int64_t bm = choose_bm(slots, E), tiles = max_tiles(slots, E, bm), rows = tiles * bm;
+  const int64_t bm = wgmma ? 128 : choose_bm(slots, E), tiles = max_tiles(slots, E, bm), rows = tiles * bm;
   const int64_t H_pad = round_up(H, 8), I_pad = round_up(I, 8);
   KILN_REQUIRE(rows < (int64_t{1} << 31), "moe: " + std::to_string(slots) + " routed slots overflow the row index");
   static GrowOnlyScratch idx_buf, x_buf, act_buf, y_buf;
   int32_t* idx = idx_buf.get<int32_t>(static_cast<size_t>(rows + slots + tiles));
   const AlignedLayout layout{idx, idx + rows, idx + rows + slots, tiles, bm};
-  auto* xs = x_buf.get<__nv_bfloat16>(static_cast<size_t>(2 * T * H_pad));        // [2][T][H_pad]
-  auto* act = act_buf.get<__nv_bfloat16>(static_cast<size_t>(2 * rows * I_pad));  // [2][rows][I_pad]
-  float* y = y_buf.get<float>(static_cast<size_t>(rows * H));                     // [rows, H]
+  const bool split = gemm.split_activations();
+  const int64_t parts = split ? 2 : 1;  // activation parts (hi, lo)
+  const bool y_bf16 = wgmma && !split;  // the wgmma down GEMM rounds y to bf16 with bf16 activations
+  auto* xs = x_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * T * H_pad));           // [parts][T][H_pad]
+  auto* act = act_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * rows * I_pad));     // [parts][rows][I_pad]
+  auto* y = y_buf.get<unsigned char>(static_cast<size_t>(rows * H * (y_bf16 ? 2 : 4)));  // [rows, H]
   const auto* wgu = static_cast<const __nv_bfloat16*>(p.w_gate_up);
   const auto* wd = static_cast<const __nv_bfloat16*>(p.w_down);
 
   moe_align(p.topk_ids, slots, E, layout, s);
-  const bool split = gemm.split_activations();
   split_rows_kernel<<<blocks_for(T * H_pad, 256), 256, 0, s>>>(p.x, T, H, H_pad, split, xs);
-  moe_gate_up_swiglu({xs, T, H, H_pad, k, wgu, I, I_pad, act, split}, layout, s);
-  moe_down({act, I, I_pad, wd, H, y, split}, layout, s);
+  const GateUpArgs gate_up{xs, T, H, H_pad, k, wgu, I, I_pad, act, split};
+  const DownArgs down{act, I, I_pad, wd, H, reinterpret_cast<float*>(y), split};
+  if (wgmma) {
+    moe_gate_up_swiglu_wgmma(gate_up, layout, s);
+    moe_down_wgmma(down, y, layout, s);
+  } else {
+    moe_gate_up_swiglu(gate_up, layout, s);
+    moe_down(down, layout, s);
+  }
   const float* shared = shared_mlp(p, gemm, s);
-  moe_detail::combine(y, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+  if (y_bf16)
+    combine(reinterpret_cast<const __nv_bfloat16*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add,
+            p.out, s);
+  else
+    combine(reinterpret_cast<const float*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out,
+            s);
+}
+
+bool wgmma_eligible(const MoeParams& p) {
+  return p.num_tokens >= moe_wgmma_min_tokens() &&
+         moe_detail::moe_wgmma_shapes_ok(p.hidden, p.inter, p.w_gate_up, p.w_down);
+}
+
+void moe_wgmma(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
+  // Scratch (moe_grouped): per token the x parts, the shared MLP's and k routed rows of act parts,
+  // y (f32 split, else bf16) and the layout's indices; fixed, up to 127 padding rows per expert.
+  const int64_t parts = gemm.split_activations() ? 2 : 1, y_bytes = parts == 2 ? 4 : 2;
+  const int64_t per_row = parts * 2 * p.inter + y_bytes * p.hidden + 4;
+  const int64_t per_token = parts * 2 * p.hidden + p.top_k * (per_row + 8) + moe_detail::shared_mlp_bytes_per_token(p);
+  moe_detail::for_token_chunks(p, per_token, p.num_experts * 127 * per_row,
+                               [&](const MoeParams& c) { moe_grouped(c, gemm, true, s); });
 }
 
 }  // namespace
@@ -138,6 +173,11 @@ void moe_detail::combine(const __nv_bfloat16* y, const int32_t* row_of, const in
   launch_combine(y, row_of, row_lo, w, T, top_k, hidden, extra, add, out, s);
 }
 
+int64_t moe_wgmma_min_tokens() {
+  // Read per call, so tests and benchmarks can move it (a huge value turns the path off).
+  return env_int("KILN_MOE_WGMMA_MIN_TOKENS", 256, 0);
+}
+
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   if (p.num_tokens == 0) return;
   KILN_REQUIRE(p.top_k > 0 && p.num_experts > 0, "moe: needs top_k >= 1 and at least one expert");
@@ -146,10 +186,12 @@ void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   KILN_REQUIRE(p.shared_inter == 0 || (p.w_shared_gate_up && p.w_shared_down), "moe: shared experts need both weights");
   if (p.num_tokens <= moe_gemv_max_tokens())
     moe_detail::moe_decode(p, s);
+  else if (wgmma_eligible(p))
+    moe_wgmma(p, gemm, s);
   else if (moe_detail::moe_cublas_eligible(p, s))
     moe_detail::moe_cublas(p, gemm, s);
   else
-    moe_grouped(p, gemm, s);
+    moe_grouped(p, gemm, false, s);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,4 +1,6 @@
-// Routed experts of a prefill-sized batch through cuBLASLt, one GEMM per expert.
+// Routed experts of a prefill-sized batch through cuBLASLt, one GEMM per expert. Since session 8
+// the wgmma kernels (moe_wgmma.cu) take every shape this path takes, so it runs only when
+// KILN_MOE_WGMMA_MIN_TOKENS is raised past the step: the baseline they are measured against.
 //
 // The grouped mma.sync kernels (moe_grouped_gemm.cu) never leave the device, so they serve every
 // captured decode step; but on an 8k-token prefill they reach ~210 TFLOP/s of tensor work, a
@@ -32,11 +34,6 @@ namespace kiln::ops::cuda::moe_detail {
 namespace {
 
 constexpr int64_t kBm = 64;  // expert rows padded to this (keeps few distinct GEMM shapes)
-// Scratch per pass (x2/act2 and gu/y2: ~k · (4·max(H, I) + 8·max(2I, H)) bytes per token split,
-// ~k · (2·max(H, I) + 2·max(2I, H)) with bf16 activations) stays under this: Moonlight runs 8k-token
-// prefills in one pass, DeepSeek-V3 widths in ~3k-token ones (~9k with bf16 activations). The KV
-// planner does not see it (it is allocated at the first long prompt), hence the bound.
-constexpr int64_t kScratchBudget = int64_t{2} << 30;
 
 // Doubled-layout rows (hi, lo) of padded row r; e < 0 past the real tiles. tile_expert is sorted
 // by expert with -1 after the real tiles, so e's span is found by two binary searches. Unsplit:
@@ -230,23 +227,14 @@ bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s) {
 }
 
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
-  // Scratch bytes per token: k rows of x2/act2 (bf16) and of gu/y2 (out_bytes), doubled when split.
+  // Scratch bytes per row: x2/act2 (bf16) and gu/y2 (out_bytes), doubled when split; per token k
+  // rows, the shared MLP's and the indices; fixed, up to 63 padding rows per expert.
   const int64_t parts = gemm.split_activations() ? 2 : 1;
-  const int64_t per_token =
-      p.top_k * parts *
-      (2 * std::max(p.hidden, p.inter) + out_bytes(gemm.split_activations()) * std::max(2 * p.inter, p.hidden));
-  const int64_t passes = (p.num_tokens * per_token + kScratchBudget - 1) / kScratchBudget;
-  const int64_t chunk = (p.num_tokens + passes - 1) / passes;  // even passes: no small last one
-  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += chunk) {
-    MoeParams c = p;
-    c.num_tokens = std::min(chunk, p.num_tokens - t0);
-    c.x = p.x + t0 * p.hidden;
-    c.topk_ids = p.topk_ids + t0 * p.top_k;
-    c.topk_weights = p.topk_weights + t0 * p.top_k;
-    c.out = p.out + t0 * p.hidden;
-    if (p.add) c.add = p.add + t0 * p.hidden;
-    moe_cublas_chunk(c, gemm, s);
-  }
+  const int64_t per_row =
+      parts * (2 * std::max(p.hidden, p.inter) + out_bytes(gemm.split_activations()) * std::max(2 * p.inter, p.hidden));
+  const int64_t per_token = p.top_k * (per_row + 16) + shared_mlp_bytes_per_token(p);
+  for_token_chunks(p, per_token, p.num_experts * (kBm - 1) * per_row,
+                   [&](const MoeParams& c) { moe_cublas_chunk(c, gemm, s); });
 }
 
 }  // namespace kiln::ops::cuda::moe_detail
@@ -256,9 +244,9 @@ namespace kiln::ops::cuda {
 int64_t moe_cublas_min_tokens() {
   // Below this many tokens the grouped mma.sync kernels stay (one expert GEMM per launch is too
   // small to fill the GPU and the host sync costs more than it saves). KILN_MOE_CUBLAS_MIN_TOKENS
-  // overrides it (0: always outside a capture; a huge value: never).
-  static const int64_t v = env_int("KILN_MOE_CUBLAS_MIN_TOKENS", 1024, 0);
-  return v;
+  // overrides it (0: always outside a capture; a huge value: never), read per call so tests can
+  // reach every path; the wgmma kernels (moe.cu) take prefill-sized batches first.
+  return env_int("KILN_MOE_CUBLAS_MIN_TOKENS", 1024, 0);
 }
 
 }  // namespace kiln::ops::cuda

@@ -1,6 +1,7 @@
 // Pieces of the device-side routed-expert path shared by moe.cu (dispatch, combine), moe_align.cu
-// (token permutation), moe_grouped_gemm.cu (the two grouped tensor-core GEMMs) and moe_cublas.cu
-// (per-expert cuBLASLt GEMMs, the row-wise glue passes around them).
+// (token permutation), moe_grouped_gemm.cu and moe_wgmma.cu (the two grouped tensor-core GEMMs on
+// mma.sync and on wgmma) and moe_cublas.cu (per-expert cuBLASLt GEMMs, the row-wise glue passes
+// around them).
 //
 // Layout: the T·k (token, choice) slots are sorted by expert; each expert's rows are padded up to
 // a multiple of the M tile `bm`, so every bm-row tile belongs to one expert. The number of tiles is
@@ -17,6 +18,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/env.h"
 #include "ops/params.h"
 
 namespace kiln::ops::cuda::moe_detail {
@@ -42,7 +44,7 @@ struct AlignedLayout {
   int64_t max_tiles, bm;
 };
 
-// Builds `l` from topk_ids [slots] on the device in one single-CTA kernel.
+// Builds `l` from topk_ids [slots] on the device: a counting kernel and a scatter kernel (PDL).
 void moe_align(const int32_t* topk_ids, int64_t slots, int64_t experts, const AlignedLayout& l, cudaStream_t s);
 
 // Gate/up GEMM with SwiGLU in the epilogue:
@@ -72,6 +74,36 @@ struct DownArgs {
 
 void moe_gate_up_swiglu(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
 void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s);
+
+// The same two GEMMs on Hopper wgmma (moe_wgmma.cu) for prefill-sized batches: the layout's tiles
+// must be 128 rows, hidden and inter multiples of 64 (no pad columns) and the weights 16-byte
+// aligned (moe_wgmma_shapes_ok). y is [rows, hidden] f32 when split, else bf16.
+bool moe_wgmma_shapes_ok(int64_t hidden, int64_t inter, const void* w_gate_up, const void* w_down);
+void moe_gate_up_swiglu_wgmma(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
+void moe_down_wgmma(const DownArgs& a, void* y, const AlignedLayout& l, cudaStream_t s);
+
+// Runs `chunk_fn` on consecutive token ranges of p (x, ids, weights, out and add offset to match)
+// so that a pass's scratch, fixed_bytes plus per_token_bytes per token, stays under 2 GB
+// (KILN_MOE_PASS_BYTES, read per call, so tests can force several passes): Moonlight runs 8k-token
+// prefills in one pass, DeepSeek-V3 widths in a few. The KV planner does not see this scratch (it
+// is allocated at the first long prompt), hence the bound. Passes are even: no small last one.
+template <typename F>
+void for_token_chunks(const MoeParams& p, int64_t per_token_bytes, int64_t fixed_bytes, F&& chunk_fn) {
+  const int64_t budget = env_int("KILN_MOE_PASS_BYTES", int64_t{2} << 30, 1);
+  const int64_t room = fixed_bytes < budget / 2 ? budget - fixed_bytes : budget / 2;
+  const int64_t passes = (p.num_tokens * per_token_bytes + room - 1) / room;
+  const int64_t chunk = (p.num_tokens + passes - 1) / passes;
+  for (int64_t t0 = 0; t0 < p.num_tokens; t0 += chunk) {
+    MoeParams c = p;
+    c.num_tokens = chunk < p.num_tokens - t0 ? chunk : p.num_tokens - t0;
+    c.x = p.x + t0 * p.hidden;
+    c.topk_ids = p.topk_ids + t0 * p.top_k;
+    c.topk_weights = p.topk_weights + t0 * p.top_k;
+    c.out = p.out + t0 * p.hidden;
+    if (p.add) c.add = p.add + t0 * p.hidden;
+    chunk_fn(c);
+  }
+}
 
 // V consecutive values at p as f32, and back, for the row-wise glue passes (gather, SwiGLU,
 // combine): 16-byte loads and stores where V values fill them (p then 16-byte aligned), V = 1 the
@@ -136,8 +168,9 @@ __device__ __forceinline__ void store_vec(__nv_bfloat16* p, const __nv_bfloat16 
 // The deterministic combine (moe.cu), one CTA per token: out[t, h] = Σ_j w[t, j] · y_j[h] + extra[t, h]
 // + add[t, h], j in order, f32 accumulation, y_j = y[row_of[t * top_k + j]] (+ y[row_lo[...]] when
 // row_lo is given: moe_cublas.cu's hi and lo halves); row -1 (a dropped slot) adds nothing; extra
-// (the shared experts), add (MoeParams::add) and row_lo may be null. y is f32 (the grouped kernels,
-// the split cuBLASLt path) or bf16 (the cuBLASLt path with bf16 activations: half the bytes read).
+// (the shared experts), add (MoeParams::add) and row_lo may be null. y is f32 (the grouped kernels
+// with split activations, the split cuBLASLt path) or bf16 (the wgmma and cuBLASLt paths with bf16
+// activations: half the bytes read).
 void combine(const float* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T, int64_t top_k,
              int64_t hidden, const float* extra, const float* add, float* out, cudaStream_t s);
 void combine(const __nv_bfloat16* y, const int32_t* row_of, const int32_t* row_lo, const float* w, int64_t T,
@@ -152,4 +185,8 @@ void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 // The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu): [T, H] in scratch
 // owned here, valid until the next call; null without shared experts.
 const float* shared_mlp(const MoeParams& p, Gemm& gemm, cudaStream_t s);
+// Its f32 scratch per token: out [H], gate/up [2S] and act [S].
+inline int64_t shared_mlp_bytes_per_token(const MoeParams& p) {
+  return p.shared_inter > 0 ? 4 * (p.hidden + 3 * p.shared_inter) : 0;
+}
 }  // namespace kiln::ops::cuda::moe_detail

@@ -2,9 +2,12 @@
 // (sigmoid in f32, bias for choice only, groups by their top-2 sum, dropped groups at 0.0,
 // lower index first on ties), so CPU and GPU choose the same experts. A warp, not a thread, per
 // token: decode steps route one token, and a lone thread walking 64-512 experts out of local
-// memory took ~80 us per layer.
+// memory took ~80 us per layer. The gate projection x · Wᵀ rides in the same op: inside the routing
+// launch up to 8 tokens, per-expert CTAs up to 256, beyond that the tensor-core GEMM of
+// router_gate_gemm.cu.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/moe/router_internal.cuh"
 #include "ops/cuda/pdl.cuh"
 
 namespace kiln::ops::cuda {
@@ -97,6 +100,31 @@ __global__ void __launch_bounds__(kWarps * 32) router_kernel(RouterParams p) {
   pdl_trigger();
   if (t >= p.num_tokens) return;
   route_token(p, p.logits + t * p.num_experts, t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+}
+
+// router_kernel after a gate GEMM split over H (router_gate_gemm.cu): each token's logits are the
+// sum of its splits' partials parts [splits][T][E], always in the order s = 0, 1, ... (the same
+// bits on every run); written to gate_logits, then routed from shared memory.
+__global__ void __launch_bounds__(kWarps * 32) route_sum_kernel(RouterParams p, const float* parts, int splits) {
+  __shared__ float logit_s[kWarps][kMaxExperts];
+  __shared__ float choice_s[kWarps][kMaxExperts];
+  __shared__ float gscore_s[kWarps][kMaxGroups];
+  __shared__ int ids_s[kWarps][kMaxTopK];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp, E = p.num_experts, TE = p.num_tokens * E;
+  pdl_wait();
+  pdl_trigger();
+  if (t >= p.num_tokens) return;
+  for (int64_t e = lane; e < E; e += 32) {
+    const float* part = parts + t * E + e;
+    float v = part[0];
+#pragma unroll 8
+    for (int s = 1; s < splits; ++s) v += part[s * TE];
+    logit_s[warp][e] = v;
+    p.gate_logits[t * E + e] = v;
+  }
+  __syncwarp();
+  route_token(p, logit_s[warp], t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
 }
 
 // Tickets of the fused gate + route kernel: the CTA that draws the last one routes, then puts the
@@ -231,54 +259,6 @@ __global__ void __launch_bounds__(kWarps * 32) gate_route_kernel(RouterParams p)
   }
 }
 
-// Prefill-sized gate projection, logits [T, E] = x [T, H] · W [E, H]ᵀ in f32: a SIMT tiled GEMM,
-// 32 tokens x 32 experts per CTA, 2 x 2 per thread, k in steps of 64 (each thread's loads of a step
-// issued together). cuBLASLt's f32 GEMM took 1.6 ms for 8k tokens x 64 experts (a narrow N).
-constexpr int kGateTile = 32, kGateK = 64;
-__global__ void __launch_bounds__(256)
-    gate_gemm_kernel(const float* x, const float* w, float* logits, int64_t T, int64_t E, int64_t H) {
-  __shared__ float xs[kGateK][kGateTile + 1], ws[kGateK][kGateTile + 1];  // k-major; +1: conflict-free stores
-  constexpr int kPerThread = kGateTile * kGateK / 256;
-  pdl_wait();
-  pdl_trigger();
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kGateTile, e0 = static_cast<int64_t>(blockIdx.y) * kGateTile;
-  float acc[2][2] = {};
-  for (int64_t k0 = 0; k0 < H; k0 += kGateK) {
-    float xv[kPerThread], wv[kPerThread];
-#pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {  // consecutive threads read consecutive k of one row
-      const int i = threadIdx.x + u * 256, r = i / kGateK, c = i % kGateK;
-      const int64_t k = k0 + c;
-      xv[u] = t0 + r < T && k < H ? x[(t0 + r) * H + k] : 0.0f;
-      wv[u] = e0 + r < E && k < H ? w[(e0 + r) * H + k] : 0.0f;
-    }
-    __syncthreads();  // the previous step's tiles are no longer read
-#pragma unroll
-    for (int u = 0; u < kPerThread; ++u) {
-      const int i = threadIdx.x + u * 256, r = i / kGateK, c = i % kGateK;
-      xs[c][r] = xv[u];
-      ws[c][r] = wv[u];
-    }
-    __syncthreads();
-#pragma unroll 16
-    for (int c = 0; c < kGateK; ++c) {
-      const float a0 = xs[c][2 * ty], a1 = xs[c][2 * ty + 1], b0 = ws[c][2 * tx], b1 = ws[c][2 * tx + 1];
-      acc[0][0] += a0 * b0;
-      acc[0][1] += a0 * b1;
-      acc[1][0] += a1 * b0;
-      acc[1][1] += a1 * b1;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t t = t0 + 2 * ty + i, e = e0 + 2 * tx + j;
-      if (t < T && e < E) logits[t * E + e] = acc[i][j];
-    }
-}
-
 }  // namespace
 
 void router(const RouterParams& p, cudaStream_t s) {
@@ -312,18 +292,29 @@ void router(const RouterParams& p, cudaStream_t s) {
       rms_norm(n, s);
       q.x = p.normed_x;
     }
+    const float* parts = nullptr;  // [splits][T][E]: the gate GEMM's partial logits when it splits H
+    int splits = 1;
     if (p.x) {
       if (p.num_tokens <= kChunkedGateTokens) {  // decode batches: weight rows from L2, tokens in chunks of 8
         const dim3 grid(static_cast<unsigned>(p.num_experts), blocks_for(p.num_tokens, kFusedGateTokens));
         launch_pdl(gate_route_kernel<kFusedGateTokens, false>, grid, dim3(kWarps * 32), 0, s, q);
-      } else {  // prefill-sized: a tiled GEMM
-        const dim3 grid(blocks_for(p.num_tokens, kGateTile), blocks_for(p.num_experts, kGateTile));
-        launch_pdl(gate_gemm_kernel, grid, dim3(256), 0, s, q.x, p.gate_weight, p.gate_logits, p.num_tokens,
-                   p.num_experts, p.hidden);
+      } else {  // prefill-sized: the 3xTF32 tensor-core GEMM (router_gate_gemm.cu)
+        const int64_t T = p.num_tokens, E = p.num_experts;
+        // The partials' scratch serves every call: on the one stream, a call's routing has read
+        // them before the next call's GEMM writes. It grows only for a larger shape.
+        static GrowOnlyScratch part_scratch;
+        splits = router_detail::gate_gemm_splits(T, E, p.hidden);
+        float* out = splits > 1 ? part_scratch.get<float>(static_cast<size_t>(splits * T * E)) : p.gate_logits;
+        router_detail::gate_gemm(q.x, p.gate_weight, out, T, E, p.hidden, splits, s);
+        if (splits > 1) parts = out;
       }
       q.logits = p.gate_logits;
     }
-    launch_pdl(router_kernel, dim3(blocks_for(p.num_tokens, kWarps)), dim3(kWarps * 32), 0, s, q);
+    const dim3 grid(blocks_for(p.num_tokens, kWarps));
+    if (parts)
+      launch_pdl(route_sum_kernel, grid, dim3(kWarps * 32), 0, s, q, parts, splits);
+    else
+      launch_pdl(router_kernel, grid, dim3(kWarps * 32), 0, s, q);
   }
   KILN_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,0 +1,276 @@
+// The two grouped expert GEMMs of prefill-sized batches on Hopper warpgroup MMAs (wgmma, sm_90a):
+// the same arguments and layout as the mma.sync kernels of moe_grouped_gemm.cu (moe_internal.cuh),
+// with 128-row M tiles (AlignedLayout::bm = 128), so every expert of a batch runs in one launch
+// and nothing goes back to the host.
+//
+// Why: at a 1k-token Moonlight prefill each of the 64 experts gets ~96 rows. One cuBLASLt GEMM per
+// expert (moe_cublas.cu) took 1.07 ms per layer for ~1.1 GB of expert weights, ~0.26 ms of HBM
+// time, plus a host sync per layer; the mma.sync kernels (moe_grouped_gemm.cu) are bound by
+// shared-memory reads at these sizes (every warp reads its own copy of the weight tile through
+// ldmatrix). A wgmma reads its shared-memory operands once per warpgroup of 64 rows.
+//
+// CTA: 256 threads = two warpgroups; tile 128 rows (warpgroup w: rows 64w..64w+63) x 256 weight
+// rows; K in steps of 64 (one 128-byte-swizzled panel per operand and stage, wgmma.cuh's layout)
+// through a cp.async ring: 4 stages of 48 KB, or 3 of 64 KB when split. Per step each warpgroup
+// issues 4 m64n256k16 wgmmas per activation part.
+//  - gate/up: the 256 weight rows are gate rows j0..j0+127 then up rows I+j0..I+j0+127; a thread's
+//    accumulator columns c and c + 128 are the gate and up values of the same (row, j), so SwiGLU
+//    runs in the epilogue and act is written once. A rows are gathered by token (sorted_slot).
+//  - down: 256 output columns of hidden; y is f32, or bf16 with bf16 activations (the combine reads
+//    either), so the rounded expert output costs half the bytes.
+// Split activations (f32 mode): x = x_hi + x_lo. A stage holds both parts' A panels beside one
+// weight panel and both multiply it into one f32 accumulator (the sum the mma.sync kernels form per
+// fragment), so the weights cross from L2 once for both: a first version that ran the K loop twice
+// (hi, then lo) took the f32 MoE layer at 1,024 tokens to 940 us, this one 788 (H200).
+//
+// Pipeline: at step k every thread waits for its copies of k, one barrier makes everyone's visible,
+// the warpgroups issue k's wgmmas and wait for k - 1's, and a second barrier frees k - 1's stage
+// for the loads of step k + stages - 1 while k's wgmmas run.
+//
+// Ceiling at an 8k-token Moonlight prefill (49k routed rows, bf16): gate/up 49k x 2816 x 2048 and
+// down 49k x 2048 x 1408 are 850 GFLOP, ~0.95 ms at the H200's measured 893 TFLOP/s; at 1k tokens
+// the ~1.1 GB of expert weights, read once, are ~0.26 ms at 4.3 TB/s. Measured (Nsight Compute,
+// bf16): at 8k gate/up 1.50 ms (~430 TFLOP/s of padded-tile work, 55% of the SM's throughput, L2
+// 38%) and down 0.77 ms; at 1k 365 and 169 us. A warp-specialised variant (TMA weight loads, a
+// producer warpgroup, mbarriers) measured the same, so the loads are not the limit.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/mma.cuh"
+#include "ops/cuda/moe/moe_internal.cuh"
+#include "ops/cuda/wgmma.cuh"
+
+namespace kiln::ops::cuda::moe_detail {
+namespace {
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kThreads = 256;
+constexpr int kAPanel = kBM * 128, kBPanel = kBN * 128;                      // bytes: 16 KB, 32 KB
+constexpr int kAChunks = kBM * 8 / kThreads, kBChunks = kBN * 8 / kThreads;  // 16-byte copies per thread
+
+// Stage: the A panel of each activation part (hi, and lo when split), then the weight panel.
+template <bool kSplit>
+struct Pipe {
+  static constexpr int kParts = kSplit ? 2 : 1;
+  static constexpr int kStageBytes = kParts * kAPanel + kBPanel;  // 48 KB, 64 KB split
+  static constexpr int kStages = kSplit ? 3 : 4;
+  static constexpr size_t kSmemBytes = 1024 + size_t{kStages} * kStageBytes;  // +1024: aligning the base
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
+};
+
+struct Args {
+  const __nv_bfloat16* a;      // gate/up: x parts [parts][T][lda]; down: act parts [parts][rows][lda]
+  int64_t a_lo, lda;           // element offset of the lo part; row stride
+  const int32_t* sorted_slot;  // gate/up: A row of padded row r is sorted_slot[r] / top_k (-1: zeros)
+  int64_t top_k;
+  const int32_t* tile_expert;  // [max_tiles] of 128-row tiles; -1 past the real ones
+  const __nv_bfloat16* w;      // [E, w_rows, K]
+  int64_t w_rows, K, n;        // n: output columns (inter or hidden)
+  __nv_bfloat16* act;          // gate/up out: [parts][rows][ldo] (lo at act + act_lo)
+  int64_t act_lo, ldo;
+  void* y;  // down out: [rows, n], f32 (split) or bf16
+};
+
+// Writes a consumer thread's accumulators. Accumulator (column block j, element v): row
+// 16 wq + lane / 4 (+ 8 for v >= 2) of warpgroup wg's 64, column 8 j + 2 (lane % 4) + (v & 1).
+template <bool kGateUp, bool kSplit>
+__device__ __forceinline__ void store_tile(const Args& p, const float (&acc)[128], int64_t tile, int64_t n0, int wg,
+                                           int wq, int lane) {
+  const int64_t row_base = tile * kBM + wg * 64 + wq * 16 + lane / 4;
+  const int col_base = 2 * (lane % 4);
+  if constexpr (kGateUp) {
+#pragma unroll
+    for (int j = 0; j < kBN / 16; ++j) {
+      const int64_t col = n0 + 8 * j + col_base;
+      if (col >= p.n) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float g = acc[4 * j + 2 * h + i], u = acc[4 * (j + kBN / 16) + 2 * h + i];
+          v[i] = g / (1.0f + expf(-g)) * u;  // as the mma.sync kernels' epilogue
+        }
+        const int64_t at = (row_base + 8 * h) * p.ldo + col;
+        __nv_bfloat16 hi[2], lo[2];
+        store_bf16_parts(v[0], &hi[0], &lo[0]);
+        store_bf16_parts(v[1], &hi[1], &lo[1]);
+        *reinterpret_cast<__nv_bfloat162*>(p.act + at) = __halves2bfloat162(hi[0], hi[1]);
+        if constexpr (kSplit)
+          *reinterpret_cast<__nv_bfloat162*>(p.act + p.act_lo + at) = __halves2bfloat162(lo[0], lo[1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int64_t col = n0 + 8 * j + col_base;
+      if (col >= p.n) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t at = (row_base + 8 * h) * p.n + col;
+        const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if constexpr (kSplit)
+          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + at) = make_float2(v0, v1);
+        else
+          *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.y) + at) = pack_bf16(v0, v1);
+      }
+    }
+  }
+}
+
+template <bool kGateUp, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
+  using P = Pipe<kSplit>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  const int64_t tile = blockIdx.y;
+  const int e = p.tile_expert[tile];
+  if (e < 0) return;  // past the real tiles of the upper-bound grid
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4, wq = warp % 4;
+  // gate/up: columns j0.. of act; down: columns n0.. of y.
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kBN / 2 : kBN);
+
+  // This thread's 16-byte chunk (tid % 8) of A rows tid / 8 + 32 q and weight rows likewise.
+  const int chunk = tid % 8, row0 = tid / 8;
+  int64_t a_off[kAChunks];  // element offset of the row in part hi; -1: a zero row
+#pragma unroll
+  for (int q = 0; q < kAChunks; ++q) {
+    const int64_t r = tile * kBM + row0 + 32 * q;
+    if constexpr (kGateUp) {
+      const int32_t slot = p.sorted_slot[r];
+      a_off[q] = slot < 0 ? -1 : (slot / p.top_k) * p.lda;
+    } else {
+      a_off[q] = r * p.lda;
+    }
+  }
+  const __nv_bfloat16* w_e = p.w + static_cast<int64_t>(e) * p.w_rows * p.K;
+  int64_t b_off[kBChunks];  // element offset of the weight row in w_e; -1: past n (zeros)
+#pragma unroll
+  for (int q = 0; q < kBChunks; ++q) {
+    const int r = row0 + 32 * q;
+    int64_t col = n0 + r, wrow = col;
+    if constexpr (kGateUp) {
+      col = n0 + r % (kBN / 2);
+      wrow = r < kBN / 2 ? col : p.n + col;  // gate rows, then the matching up rows
+    }
+    b_off[q] = col < p.n ? wrow * p.K : -1;
+  }
+
+  const int steps = static_cast<int>(p.K / kBK);
+  auto issue = [&](int step) {
+    if (step < steps) {
+      unsigned char* a_s = smem + (step % P::kStages) * P::kStageBytes;
+      unsigned char* b_s = a_s + P::kParts * kAPanel;
+      const int64_t k0 = static_cast<int64_t>(step) * kBK + chunk * 8;
+#pragma unroll
+      for (int part = 0; part < P::kParts; ++part) {
+        const __nv_bfloat16* a = p.a + (part ? p.a_lo : 0) + k0;
+#pragma unroll
+        for (int q = 0; q < kAChunks; ++q)
+          cp_async16(a_s + part * kAPanel + sw128_offset(row0 + 32 * q, chunk), a_off[q] < 0 ? p.a : a + a_off[q],
+                     a_off[q] >= 0);
+      }
+#pragma unroll
+      for (int q = 0; q < kBChunks; ++q)
+        cp_async16(b_s + sw128_offset(row0 + 32 * q, chunk), b_off[q] < 0 ? p.w : w_e + b_off[q] + k0, b_off[q] >= 0);
+    }
+    cp_async_commit();  // always one group per call, so the waits below count steps
+  };
+#pragma unroll
+  for (int i = 0; i < P::kStages - 1; ++i) issue(i);
+
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<P::kStages - 2>();  // this thread's copies of `step` have landed
+    fence_proxy_async_smem();         // ... and are visible to wgmma
+    __syncthreads();                  // everyone's are
+    const uint32_t a_addr = smem_u32(smem + (step % P::kStages) * P::kStageBytes) + wg * 64 * 128;
+    const uint32_t b_addr = smem_u32(smem + (step % P::kStages) * P::kStageBytes + P::kParts * kAPanel);
+    wgmma_fence();
+#pragma unroll
+    for (int part = 0; part < P::kParts; ++part)
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_m64n256k16_ss(acc, wgmma_desc_sw128(a_addr + part * kAPanel + kk * 32),
+                            wgmma_desc_sw128(b_addr + kk * 32));
+    wgmma_commit();
+    wgmma_wait<1>();               // step - 1's wgmmas are done in this warpgroup
+    __syncthreads();               // ... and in the other: its stage is free
+    issue(step + P::kStages - 1);  // into step - 1's stage
+  }
+  wgmma_wait<0>();
+  wgmma_fence_regs(acc);
+
+  store_tile<kGateUp, kSplit>(p, acc, tile, n0, wg, wq, lane);
+}
+
+bool widths_ok(int64_t hidden, int64_t inter) {
+  return hidden % kBK == 0 && inter % kBK == 0;
+}
+
+template <bool kGateUp, bool kSplit>
+void launch_split(const Args& a, const AlignedLayout& l, cudaStream_t s) {
+  constexpr size_t smem = Pipe<kSplit>::kSmemBytes;
+  static std::atomic<uint64_t> smem_done{0};
+  allow_smem(expert_gemm_kernel<kGateUp, kSplit>, static_cast<int>(smem), smem_done);
+  const dim3 grid(blocks_for(a.n, kGateUp ? kBN / 2 : kBN), static_cast<unsigned>(l.max_tiles));
+  expert_gemm_kernel<kGateUp, kSplit><<<grid, kThreads, smem, s>>>(a);
+}
+
+template <bool kGateUp>
+void launch(const Args& a, const AlignedLayout& l, bool split, cudaStream_t s) {
+  KILN_REQUIRE(l.bm == kBM, "moe wgmma: the layout's tiles must be 128 rows");
+  KILN_REQUIRE(l.max_tiles <= 65535, "moe wgmma: " + std::to_string(l.max_tiles) + " row tiles exceed the grid");
+  if (split)
+    launch_split<kGateUp, true>(a, l, s);
+  else
+    launch_split<kGateUp, false>(a, l, s);
+}
+
+}  // namespace
+
+bool moe_wgmma_shapes_ok(int64_t hidden, int64_t inter, const void* w_gate_up, const void* w_down) {
+  return widths_ok(hidden, inter) && aligned16(w_gate_up) && aligned16(w_down);
+}
+
+void moe_gate_up_swiglu_wgmma(const GateUpArgs& g, const AlignedLayout& l, cudaStream_t s) {
+  KILN_REQUIRE(
+      g.hidden_pad == g.hidden && g.inter_pad == g.inter && widths_ok(g.hidden, g.inter) && aligned16(g.w_gate_up),
+      "moe wgmma: widths must be multiples of 64 and weights 16-byte aligned");
+  const Args a{.a = g.x_split,
+               .a_lo = g.num_tokens * g.hidden_pad,
+               .lda = g.hidden_pad,
+               .sorted_slot = l.sorted_slot,
+               .top_k = g.top_k,
+               .tile_expert = l.tile_expert,
+               .w = g.w_gate_up,
+               .w_rows = 2 * g.inter,
+               .K = g.hidden,
+               .n = g.inter,
+               .act = g.act_split,
+               .act_lo = l.max_tiles * l.bm * g.inter_pad,
+               .ldo = g.inter_pad,
+               .y = nullptr};
+  launch<true>(a, l, g.split, s);
+}
+
+void moe_down_wgmma(const DownArgs& d, void* y, const AlignedLayout& l, cudaStream_t s) {
+  KILN_REQUIRE(d.inter_pad == d.inter && widths_ok(d.hidden, d.inter) && aligned16(d.w_down),
+               "moe wgmma: widths must be multiples of 64 and weights 16-byte aligned");
+  const Args a{.a = d.act_split,
+               .a_lo = l.max_tiles * l.bm * d.inter_pad,
+               .lda = d.inter_pad,
+               .sorted_slot = nullptr,
+               .top_k = 1,
+               .tile_expert = l.tile_expert,
+               .w = d.w_down,
+               .w_rows = d.hidden,
+               .K = d.inter,
+               .n = d.hidden,
+               .act = nullptr,
+               .act_lo = 0,
+               .ldo = 0,
+               .y = y};
+  launch<false>(a, l, d.split, s);
+}
+
+}  // namespace kiln::ops::cuda::moe_detail
