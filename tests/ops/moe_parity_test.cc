@@ -383,9 +383,9 @@ TEST(Parity, MoeBf16Activations) {
 // last column tile in both wgmma GEMMs; 17 tokens leave most of every 128-row tile as padding;
 // few experts (most get none) and one expert in every token's slot 0 (its rows span many tiles);
 // the residual add; Moonlight widths with shared experts; 3,072 experts (the expert sort's
-// multi-round scan). "several passes": KILN_MOE_PASS_BYTES = 4 MB splits each batch into token
-// chunks. With bf16 activations the wgmma and cuBLASLt paths also round the expert outputs y (and
-// cuBLASLt gate/up) to bf16: MoeBf16Activations' bound.
+// multi-round scan). "several passes": KILN_MOE_PASS_BYTES = 4 MB splits every batch but the
+// 17-token one into token chunks. With bf16 activations the wgmma and cuBLASLt paths also round the expert outputs y
+// (and cuBLASLt gate/up) to bf16: MoeBf16Activations' bound.
 TEST(Parity, MoePrefillPathsAgree) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
