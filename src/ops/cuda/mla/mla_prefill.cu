@@ -151,9 +151,15 @@ void mla_expanded_wgmma(const MlaExpandedParams& p, cudaStream_t s) {
   // heads per round of images (0: as many as kImageBudget allows).
   const int stages = static_cast<int>(env_int("KILN_MLA_PREFILL_STAGES", 3, 2, 4));
   const int64_t max_group = env_int("KILN_MLA_PREFILL_GROUP_HEADS", 0, 0);
+  struct Depth {
+    decltype(&fa::flash_kernel<3>) kernel;
+    size_t smem;
+  };
+  static const Depth depths[] = {{fa::flash_kernel<2>, fa::smem_bytes<2>()},
+                                 {fa::flash_kernel<3>, fa::smem_bytes<3>()},
+                                 {fa::flash_kernel<4>, fa::smem_bytes<4>()}};
   static std::atomic<uint64_t> smem_done[3];
-  auto* kernel = stages == 2 ? fa::flash_kernel<2> : stages == 4 ? fa::flash_kernel<4> : fa::flash_kernel<3>;
-  const size_t smem = stages == 2 ? fa::smem_bytes<2>() : stages == 4 ? fa::smem_bytes<4>() : fa::smem_bytes<3>();
+  const auto [kernel, smem] = depths[stages - 2];
   allow_smem(kernel, static_cast<int>(smem), smem_done[stages - 2]);
 
   const int64_t H = p.num_heads, blocks = fa::max_blocks(p.total_kv, p.seqs.num_seqs);

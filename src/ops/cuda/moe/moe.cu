@@ -114,10 +114,10 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
   moe_align(p.topk_ids, slots, E, layout, s);
   split_rows_kernel<<<blocks_for(T * H_pad, 256), 256, 0, s>>>(p.x, T, H, H_pad, split, xs);
   const GateUpArgs gate_up{xs, T, H, H_pad, k, wgu, I, I_pad, act, split};
-  const DownArgs down{act, I, I_pad, wd, H, reinterpret_cast<float*>(y), split};
+  const DownArgs down{act, I, I_pad, wd, H, y, split};
   if (wgmma) {
     moe_gate_up_swiglu_wgmma(gate_up, layout, s);
-    moe_down_wgmma(down, y, layout, s);
+    moe_down_wgmma(down, layout, s);
   } else {
     moe_gate_up_swiglu(gate_up, layout, s);
     moe_down(down, layout, s);

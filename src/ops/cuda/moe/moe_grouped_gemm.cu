@@ -446,7 +446,7 @@ void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s) {
   k.K = a.inter;
   k.n = a.hidden;
   k.w_vec = vec_ok(a.w_down, a.inter);
-  k.y = a.y;
+  k.y = static_cast<float*>(a.y);  // the mma.sync kernels write f32
   dispatch<false>(k, l, s);
 }
 

@@ -68,7 +68,7 @@ struct DownArgs {
   int64_t inter, inter_pad;
   const __nv_bfloat16* w_down;  // [E, hidden, inter]
   int64_t hidden;
-  float* y;  // [max_tiles * bm, hidden]
+  void* y;  // [max_tiles * bm, hidden]: f32, or bf16 from the wgmma kernels with bf16 activations
   bool split;
 };
 
@@ -77,10 +77,10 @@ void moe_down(const DownArgs& a, const AlignedLayout& l, cudaStream_t s);
 
 // The same two GEMMs on Hopper wgmma (moe_wgmma.cu) for prefill-sized batches: the layout's tiles
 // must be 128 rows, hidden and inter multiples of 64 (no pad columns) and the weights 16-byte
-// aligned (moe_wgmma_shapes_ok). y is [rows, hidden] f32 when split, else bf16.
+// aligned (moe_wgmma_shapes_ok). DownArgs::y is f32 when split, else bf16.
 bool moe_wgmma_shapes_ok(int64_t hidden, int64_t inter, const void* w_gate_up, const void* w_down);
 void moe_gate_up_swiglu_wgmma(const GateUpArgs& a, const AlignedLayout& l, cudaStream_t s);
-void moe_down_wgmma(const DownArgs& a, void* y, const AlignedLayout& l, cudaStream_t s);
+void moe_down_wgmma(const DownArgs& a, const AlignedLayout& l, cudaStream_t s);
 
 // Runs `chunk_fn` on consecutive token ranges of p (x, ids, weights, out and add offset to match)
 // so that a pass's scratch, fixed_bytes plus per_token_bytes per token, stays under 2 GB

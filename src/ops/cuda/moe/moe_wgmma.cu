@@ -253,7 +253,7 @@ void moe_gate_up_swiglu_wgmma(const GateUpArgs& g, const AlignedLayout& l, cudaS
   launch<true>(a, l, g.split, s);
 }
 
-void moe_down_wgmma(const DownArgs& d, void* y, const AlignedLayout& l, cudaStream_t s) {
+void moe_down_wgmma(const DownArgs& d, const AlignedLayout& l, cudaStream_t s) {
   KILN_REQUIRE(d.inter_pad == d.inter && widths_ok(d.hidden, d.inter) && aligned16(d.w_down),
                "moe wgmma: widths must be multiples of 64 and weights 16-byte aligned");
   const Args a{.a = d.act_split,
@@ -269,7 +269,7 @@ void moe_down_wgmma(const DownArgs& d, void* y, const AlignedLayout& l, cudaStre
                .act = nullptr,
                .act_lo = 0,
                .ldo = 0,
-               .y = y};
+               .y = d.y};
   launch<false>(a, l, d.split, s);
 }
 
