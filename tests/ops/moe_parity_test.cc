@@ -54,12 +54,12 @@ TEST(Parity, RouterWithFusedGate) {
     int64_t tokens, experts, hidden, top_k, groups, topk_groups;
     bool bf16_gate = false;
   };
-  for (Shape r :
-       {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
-        Shape{4, 8, 90, 2, 4, 2}, Shape{5, 64, 96, 6, 1, 1}, Shape{8, 384, 100, 8, 1, 1}, Shape{9, 64, 2048, 6, 1, 1},
-        Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1}, Shape{257, 64, 2048, 6, 1, 1},
-        Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}, Shape{333, 72, 100, 6, 1, 1},
-        Shape{520, 512, 99, 8, 8, 4}, Shape{1000, 64, 2048, 6, 1, 1, true}, Shape{8000, 64, 2048, 6, 1, 1, true}}) {
+  for (Shape r : {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
+                  Shape{4, 8, 90, 2, 4, 2}, Shape{2, 4, 64, 2, 1, 1}, Shape{5, 64, 96, 6, 1, 1},
+                  Shape{8, 384, 100, 8, 1, 1}, Shape{9, 64, 2048, 6, 1, 1}, Shape{64, 64, 2048, 6, 1, 1},
+                  Shape{256, 72, 100, 6, 1, 1}, Shape{257, 64, 2048, 6, 1, 1}, Shape{300, 256, 512, 8, 8, 4},
+                  Shape{1000, 64, 2050, 6, 1, 1}, Shape{333, 72, 100, 6, 1, 1}, Shape{520, 512, 99, 8, 8, 4},
+                  Shape{1000, 64, 2048, 6, 1, 1, true}, Shape{8000, 64, 2048, 6, 1, 1, true}}) {
     const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
     auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
     if (r.bf16_gate) gate = bf16_round(gate);
@@ -135,11 +135,11 @@ NormRouterOut run_norm_router(ops::Backend& be, const NormRouterCase& r, bool fu
   return o;
 }
 
-// Fused-launch token counts (1, 5, 8), the chunked gate (9) and the tiled GEMM (300); an odd width
-// (scalar loads).
-const NormRouterCase kNormRouterCases[] = {{1, 64, 2048, true},   {1, 64, 2048, false}, {5, 64, 96, true},
-                                           {8, 64, 2048, true},   {3, 16, 90, true},    {9, 64, 2048, true},
-                                           {300, 64, 2048, true}, {300, 64, 100, false}};
+// Fused-launch token counts (1, 5, 8; the decode cluster has 8 CTAs, so 6 experts leave two without
+// any), the chunked gate (9) and the tiled GEMM (300); an odd width (scalar loads).
+const NormRouterCase kNormRouterCases[] = {{1, 64, 2048, true}, {1, 64, 2048, false},  {5, 64, 96, true},
+                                           {8, 64, 2048, true}, {3, 16, 90, true},     {2, 6, 64, true},
+                                           {9, 64, 2048, true}, {300, 64, 2048, true}, {300, 64, 100, false}};
 
 TEST(OpsCpu, RouterWithNormEqualsNormThenRouter) {
   auto& cpu = *backends().cpu;

@@ -176,8 +176,9 @@ class CudaBackend final : public Backend {
          "<=8 tokens (more CTAs, a bf16 GEMV with 16-byte loads over every head), more tokens: the batched "
          "GEMM first"},
         {"router",
-         "kiln gate projection + sigmoid + bias + grouped top-k: <=8 tokens one launch with the post-attention "
-         "RMSNorm fused in (last CTA routes); more: RMSNorm, a gate GEMV (<=256 tokens) or a 3xTF32 tensor-core "
+         "kiln gate projection + sigmoid + bias + grouped top-k: <=8 tokens one launch of an 8-CTA thread-block "
+         "cluster with the post-attention RMSNorm fused in (rank 0 routes from the logits the others store in its "
+         "shared memory); more: RMSNorm, a gate GEMV (<=256 tokens) or a 3xTF32 tensor-core "
          "GEMM with H split over CTAs, then a warp per token (summing the slices in order)"},
         {"moe", "<=" + std::to_string(cuda::moe_gemv_max_tokens()) +
                     " tokens: kiln decode GEMVs, routed + shared experts in two launches; more: device-sorted grouped "

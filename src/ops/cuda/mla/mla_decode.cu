@@ -10,6 +10,7 @@
 // (mla_decode_mma.cuh) and merge their splits inside the same kernel; f32 pools and other latent
 // shapes (the small test models) run the CUDA-core kernel below and a second, merging kernel.
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -198,11 +199,8 @@ void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   const int64_t ctas = total_q * head_tiles;
   const int splits = static_cast<int>(std::clamp<int64_t>((2 * sm_count() + ctas - 1) / ctas, 1, kMaxSplits));
   const size_t smem = sizeof(float) * static_cast<size_t>((kHeads + kRows) * sh.pad + kHeads * kRows + 3 * kHeads);
-  static bool attr = [smem] {
-    cudaFuncSetAttribute(mla_decode_partial<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024);
-    return smem > 0;
-  }();
-  (void)attr;
+  static std::atomic<uint64_t> smem_devices;
+  allow_smem(mla_decode_partial<T>, 160 * 1024, smem_devices);
   float* po = splits == 1
                   ? p.out
                   : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));
@@ -247,13 +245,14 @@ int64_t mla_small_q() {
   return v;
 }
 
-// How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs).
+// How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs), after
+// opting the kernel into its shared memory on the current device (the attribute is per device).
 template <int HT, int STAGES>
 int64_t mma_slots() {
+  constexpr size_t smem = mma_decode::smem_bytes<HT, STAGES>();
+  static std::atomic<uint64_t> smem_devices;
+  allow_smem(mma_decode::mla_decode_mma_kernel<HT, STAGES>, static_cast<int>(smem), smem_devices);
   static const int64_t n = [] {
-    constexpr size_t smem = mma_decode::smem_bytes<HT, STAGES>();
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(mma_decode::mla_decode_mma_kernel<HT, STAGES>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int per_sm = 0;
     KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &per_sm, mma_decode::mla_decode_mma_kernel<HT, STAGES>, HT * mma_decode::kWarpsPerTile * 32, smem));

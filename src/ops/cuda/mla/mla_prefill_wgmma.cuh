@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
   auto stage = [&](int i) { return smem + kQImage + i * kTileImage; };
   __shared__ int tile_seq, tile_qb;
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4, wq = warp % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wq = warp % 4;
+  // Warp-uniform for the compiler too (as in moe_wgmma.cu): the descriptors stay in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   const int64_t hg = gridDim.y, hl = blockIdx.y, h = p.head0 + hl;
 
   // CTA index -> (sequence, query tile): tiles of sequence b are ceil(q_len_b / kBM) consecutive

@@ -31,8 +31,11 @@
 // down 49k x 2048 x 1408 are 850 GFLOP, ~0.95 ms at the H200's measured 893 TFLOP/s; at 1k tokens
 // the ~1.1 GB of expert weights, read once, are ~0.26 ms at 4.3 TB/s. Measured (Nsight Compute,
 // bf16): at 8k gate/up 1.50 ms (~430 TFLOP/s of padded-tile work, 55% of the SM's throughput, L2
-// 38%) and down 0.77 ms; at 1k 365 and 169 us. A warp-specialised variant (TMA weight loads, a
-// producer warpgroup, mbarriers) measured the same, so the loads are not the limit.
+// 38%) and down 0.77 ms; at 1k 365 and 169 us. Measured the same or slower (docs/results.md): a
+// warp-specialised variant (TMA weight loads, a producer warpgroup, mbarriers); every copy's source
+// precomputed; the next loads issued right after the wgmmas (one barrier a step, two stages ahead);
+// weight panels multicast by TMA to two-CTA clusters of one expert's row tiles (half the L2 reads,
+// a cluster barrier a step). So neither the loads nor L2 bandwidth are the limit.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/moe_internal.cuh"
@@ -120,12 +123,19 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   using P = Pipe<kSplit>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  const int64_t tile = blockIdx.y;
+  // One grid dimension (row tiles can outnumber grid.y's 65,535): column tiles of a row tile are
+  // neighbours, so they share its A rows in L2.
+  const int64_t col_tiles = (p.n + (kGateUp ? kBN / 2 : kBN) - 1) / (kGateUp ? kBN / 2 : kBN);
+  const int64_t tile = blockIdx.x / col_tiles, col_tile = blockIdx.x % col_tiles;
   const int e = p.tile_expert[tile];
   if (e < 0) return;  // past the real tiles of the upper-bound grid
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4, wq = warp % 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wq = warp % 4;
+  // The warpgroup, made warp-uniform for the compiler too (a shuffle from lane 0): the descriptor
+  // arithmetic below then stays in uniform registers instead of crossing from ordinary ones before
+  // every wgmma.
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   // gate/up: columns j0.. of act; down: columns n0.. of y.
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * (kGateUp ? kBN / 2 : kBN);
+  const int64_t n0 = col_tile * (kGateUp ? kBN / 2 : kBN);
 
   // This thread's 16-byte chunk (tid % 8) of A rows tid / 8 + 32 q and weight rows likewise.
   const int chunk = tid % 8, row0 = tid / 8;
@@ -179,19 +189,21 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  // Descriptors of stage 0's panels; a stage, part or k-step further adds its byte offset / 16 to
+  // the address field (14 bits: shared addresses stay below 256 KB, so nothing carries out).
+  const uint64_t desc_a = wgmma_desc_sw128(smem_u32(smem) + wg * 64 * 128);
+  const uint64_t desc_b = wgmma_desc_sw128(smem_u32(smem) + P::kParts * kAPanel);
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<P::kStages - 2>();  // this thread's copies of `step` have landed
     fence_proxy_async_smem();         // ... and are visible to wgmma
     __syncthreads();                  // everyone's are
-    const uint32_t a_addr = smem_u32(smem + (step % P::kStages) * P::kStageBytes) + wg * 64 * 128;
-    const uint32_t b_addr = smem_u32(smem + (step % P::kStages) * P::kStageBytes + P::kParts * kAPanel);
+    const uint64_t stage = static_cast<uint64_t>((step % P::kStages) * P::kStageBytes) >> 4;
     wgmma_fence();
 #pragma unroll
     for (int part = 0; part < P::kParts; ++part)
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64n256k16_ss(acc, wgmma_desc_sw128(a_addr + part * kAPanel + kk * 32),
-                            wgmma_desc_sw128(b_addr + kk * 32));
+        wgmma_m64n256k16_ss(acc, desc_a + stage + (part * kAPanel + kk * 32) / 16, desc_b + stage + kk * 32 / 16);
     wgmma_commit();
     wgmma_wait<1>();               // step - 1's wgmmas are done in this warpgroup
     __syncthreads();               // ... and in the other: its stage is free
@@ -212,14 +224,15 @@ void launch_split(const Args& a, const AlignedLayout& l, cudaStream_t s) {
   constexpr size_t smem = Pipe<kSplit>::kSmemBytes;
   static std::atomic<uint64_t> smem_done{0};
   allow_smem(expert_gemm_kernel<kGateUp, kSplit>, static_cast<int>(smem), smem_done);
-  const dim3 grid(blocks_for(a.n, kGateUp ? kBN / 2 : kBN), static_cast<unsigned>(l.max_tiles));
+  const int64_t ctas = int64_t{blocks_for(a.n, kGateUp ? kBN / 2 : kBN)} * l.max_tiles;
+  KILN_REQUIRE(ctas < (int64_t{1} << 31), "moe wgmma: " + std::to_string(ctas) + " tiles exceed the grid");
+  const dim3 grid(static_cast<unsigned>(ctas));
   expert_gemm_kernel<kGateUp, kSplit><<<grid, kThreads, smem, s>>>(a);
 }
 
 template <bool kGateUp>
 void launch(const Args& a, const AlignedLayout& l, bool split, cudaStream_t s) {
   KILN_REQUIRE(l.bm == kBM, "moe wgmma: the layout's tiles must be 128 rows");
-  KILN_REQUIRE(l.max_tiles <= 65535, "moe wgmma: " + std::to_string(l.max_tiles) + " row tiles exceed the grid");
   if (split)
     launch_split<kGateUp, true>(a, l, s);
   else

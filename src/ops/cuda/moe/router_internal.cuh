@@ -1,12 +1,26 @@
-// The router's prefill-sized gate projection (router_gate_gemm.cu), called by router.cu for more than
-// 256 tokens.
+// Pieces of the router op (router.cu) shared by its files: the decode router on one thread-block
+// cluster (router_decode.cu), the prefill-sized gate projection (router_gate_gemm.cu, more than 256
+// tokens) and the per-token routing every path ends with.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "ops/params.h"
+
 namespace kiln::ops::cuda::router_detail {
+
+constexpr int kMaxExperts = 512;
+constexpr int kMaxGroups = 64;
+constexpr int kMaxTopK = 16;
+
+// Up to this many tokens the gate projection, the fused input norm and the routing run in one launch
+// (router_decode.cu).
+constexpr int kDecodeTokens = 8;
+// gate_logits, normed_x (with a norm weight), topk_ids and topk_weights of p.num_tokens <=
+// kDecodeTokens tokens from p.x (RouterParams's fused-gate form); no host sync.
+void decode_gate_route(const RouterParams& p, cudaStream_t s);
 
 // How many slices of H the gate GEMM of a [T, H] x [E, H]ᵀ product splits into (1: none): enough
 // CTAs to fill the device, few enough to keep the partials small. Depends only on the shape and
@@ -20,5 +34,75 @@ int gate_gemm_splits(int64_t T, int64_t E, int64_t H);
 // with splits = 1, out is the logits themselves. Summing the slices in order s = 0, 1, ... gives the
 // logits at ~f32 accuracy (3xTF32 tensor-core MMAs). x and w are only read; no host sync.
 void gate_gemm(const float* x, const float* w, float* out, int64_t T, int64_t E, int64_t H, int splits, cudaStream_t s);
+
+// The better of two (value, index) candidates: higher value, lower index on ties.
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+  }
+}
+
+// Routes token t from its logits row (shared or global memory) with one warp; every lane returns
+// and lane 0 writes the token's ids and weights. choice [E], gscore [G], ids [top_k] are the
+// warp's own shared scratch.
+__device__ inline void route_token(const RouterParams& p, const float* logits, int64_t t, int lane, float* choice,
+                                   float* gscore, int* ids) {
+  const int E = static_cast<int>(p.num_experts), G = static_cast<int>(p.n_group), per = E / G;
+  for (int e = lane; e < E; e += 32) choice[e] = 1.0f / (1.0f + expf(-logits[e])) + p.bias[e];
+  __syncwarp();
+  // With topk_group >= n_group every group is kept (Moonlight: one group): nothing to drop.
+  if (p.topk_group < G) {
+    for (int g = lane; g < G; g += 32) {  // each group's top-2 sum, in the reference's order
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float v = choice[e];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
+      }
+      gscore[g] = per >= 2 ? b1 + b2 : b1;
+    }
+    __syncwarp();
+    // Keep the topk_group best groups; experts of the others drop to 0.0, as in the reference.
+    uint64_t kept = 0;
+    for (int64_t k = 0; k < p.topk_group; ++k) {
+      float v = -INFINITY;
+      int i = -1;
+      for (int g = lane; g < G; g += 32)
+        if (!((kept >> g) & 1) && (i < 0 || gscore[g] > v)) v = gscore[g], i = g;
+      warp_best(v, i);
+      kept |= uint64_t{1} << i;
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!((kept >> (e / per)) & 1)) choice[e] = 0.0f;
+    __syncwarp();
+  }
+  for (int64_t j = 0; j < p.top_k; ++j) {
+    float v = -INFINITY;
+    int i = -1;
+    for (int e = lane; e < E; e += 32)
+      if (i < 0 || choice[e] > v) v = choice[e], i = e;
+    warp_best(v, i);
+    if (lane == 0) {
+      ids[j] = i;
+      choice[i] = -INFINITY;  // taken
+    }
+    __syncwarp();
+  }
+  if (lane != 0) return;
+  float denom = 0.0f;  // in the reference's order
+  for (int64_t j = 0; j < p.top_k; ++j) denom += 1.0f / (1.0f + expf(-logits[ids[j]]));
+  for (int64_t j = 0; j < p.top_k; ++j) {
+    float w = 1.0f / (1.0f + expf(-logits[ids[j]]));
+    if (p.norm_topk_prob) w /= (denom + 1e-20f);
+    p.topk_ids[t * p.top_k + j] = ids[j];
+    p.topk_weights[t * p.top_k + j] = w * p.routed_scaling_factor;
+  }
+}
 
 }  // namespace kiln::ops::cuda::router_detail
