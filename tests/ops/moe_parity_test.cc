@@ -54,12 +54,13 @@ TEST(Parity, RouterWithFusedGate) {
     int64_t tokens, experts, hidden, top_k, groups, topk_groups;
     bool bf16_gate = false;
   };
-  for (Shape r : {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
-                  Shape{4, 8, 90, 2, 4, 2}, Shape{2, 4, 64, 2, 1, 1}, Shape{5, 64, 96, 6, 1, 1},
-                  Shape{8, 384, 100, 8, 1, 1}, Shape{9, 64, 2048, 6, 1, 1}, Shape{64, 64, 2048, 6, 1, 1},
-                  Shape{256, 72, 100, 6, 1, 1}, Shape{257, 64, 2048, 6, 1, 1}, Shape{300, 256, 512, 8, 8, 4},
-                  Shape{1000, 64, 2050, 6, 1, 1}, Shape{333, 72, 100, 6, 1, 1}, Shape{520, 512, 99, 8, 8, 4},
-                  Shape{1000, 64, 2048, 6, 1, 1, true}, Shape{8000, 64, 2048, 6, 1, 1, true}}) {
+  for (Shape r :
+       {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
+        Shape{4, 8, 90, 2, 4, 2}, Shape{2, 4, 64, 2, 1, 1}, Shape{5, 64, 96, 6, 1, 1}, Shape{6, 72, 2048, 6, 1, 1},
+        Shape{8, 512, 7168, 8, 8, 4}, Shape{8, 384, 100, 8, 1, 1}, Shape{9, 64, 2048, 6, 1, 1},
+        Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1}, Shape{257, 64, 2048, 6, 1, 1},
+        Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}, Shape{333, 72, 100, 6, 1, 1},
+        Shape{520, 512, 99, 8, 8, 4}, Shape{1000, 64, 2048, 6, 1, 1, true}, Shape{8000, 64, 2048, 6, 1, 1, true}}) {
     const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
     auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
     if (r.bf16_gate) gate = bf16_round(gate);
@@ -77,7 +78,7 @@ TEST(Parity, RouterWithFusedGate) {
       p.x = tx.f32(), p.gate_weight = tg.f32(), p.gate_logits = tl.f32(), p.hidden = r.hidden;
       be[b]->router(p);
       const auto first = get(*be[b], tl);
-      be[b]->router(p);  // twice: the fused launch resets its own state
+      be[b]->router(p);  // twice: the same bits on every run
       w[b] = get(*be[b], tw);
       logits[b] = get(*be[b], tl);
       EXPECT_EQ(first, logits[b]) << r.tokens << " tokens: logits differ between two runs";
@@ -122,7 +123,7 @@ NormRouterOut run_norm_router(ops::Backend& be, const NormRouterCase& r, bool fu
   if (fused) {
     p.x = x.f32(), p.norm_weight = nw.t.data, p.norm_weight_dtype = ndt, p.norm_eps = 1e-6f;
     p.norm_residual = r.residual ? res.f32() : nullptr, p.normed_x = normed.f32();
-    for (int rep = 0; rep < 2; ++rep) be.router(p);  // twice: the fused launch resets its own state
+    for (int rep = 0; rep < 2; ++rep) be.router(p);  // twice: nothing carries over between calls
   } else {
     ops::RmsNormParams n{x.f32(), 0, nw.t.data, ndt, normed.f32(), 0, T, H, 1e-6f};
     if (r.residual) n.residual = res.f32(), n.sum = sum.f32();
@@ -136,10 +137,11 @@ NormRouterOut run_norm_router(ops::Backend& be, const NormRouterCase& r, bool fu
 }
 
 // Fused-launch token counts (1, 5, 8; the decode cluster has 8 CTAs, so 6 experts leave two without
-// any), the chunked gate (9) and the tiled GEMM (300); an odd width (scalar loads).
-const NormRouterCase kNormRouterCases[] = {{1, 64, 2048, true}, {1, 64, 2048, false},  {5, 64, 96, true},
-                                           {8, 64, 2048, true}, {3, 16, 90, true},     {2, 6, 64, true},
-                                           {9, 64, 2048, true}, {300, 64, 2048, true}, {300, 64, 100, false}};
+// any, and 100 give each CTA a full chunk of 8 and a partial one), the chunked gate (9) and the tiled
+// GEMM (300); an odd width (scalar loads).
+const NormRouterCase kNormRouterCases[] = {
+    {1, 64, 2048, true}, {1, 64, 2048, false}, {5, 64, 96, true},   {8, 64, 2048, true},   {3, 16, 90, true},
+    {2, 6, 64, true},    {4, 100, 2048, true}, {9, 64, 2048, true}, {300, 64, 2048, true}, {300, 64, 100, false}};
 
 TEST(OpsCpu, RouterWithNormEqualsNormThenRouter) {
   auto& cpu = *backends().cpu;

@@ -199,8 +199,11 @@ void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   const int64_t ctas = total_q * head_tiles;
   const int splits = static_cast<int>(std::clamp<int64_t>((2 * sm_count() + ctas - 1) / ctas, 1, kMaxSplits));
   const size_t smem = sizeof(float) * static_cast<size_t>((kHeads + kRows) * sh.pad + kHeads * kRows + 3 * kHeads);
-  static std::atomic<uint64_t> smem_devices;
-  allow_smem(mla_decode_partial<T>, 160 * 1024, smem_devices);
+  // Past 48 KB the kernel must opt in, on this device, to this call's size (it depends on the
+  // latent width; a fixed larger request would fail on GPUs with less shared memory).
+  if (smem > 48 * 1024)
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_partial<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
   float* po = splits == 1
                   ? p.out
                   : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));

@@ -30,12 +30,13 @@
 // Ceiling at an 8k-token Moonlight prefill (49k routed rows, bf16): gate/up 49k x 2816 x 2048 and
 // down 49k x 2048 x 1408 are 850 GFLOP, ~0.95 ms at the H200's measured 893 TFLOP/s; at 1k tokens
 // the ~1.1 GB of expert weights, read once, are ~0.26 ms at 4.3 TB/s. Measured (Nsight Compute,
-// bf16): at 8k gate/up 1.50 ms (~430 TFLOP/s of padded-tile work, 55% of the SM's throughput, L2
-// 38%) and down 0.77 ms; at 1k 365 and 169 us. Measured the same or slower (docs/results.md): a
-// warp-specialised variant (TMA weight loads, a producer warpgroup, mbarriers); every copy's source
-// precomputed; the next loads issued right after the wgmmas (one barrier a step, two stages ahead);
-// weight panels multicast by TMA to two-CTA clusters of one expert's row tiles (half the L2 reads,
-// a cluster barrier a step). So neither the loads nor L2 bandwidth are the limit.
+// bf16, clocks unlocked at ~1.75 GHz): at 8k gate/up 1.16-1.18 ms (~520 TFLOP/s of padded-tile
+// work, ~54% of the SM's throughput; 1.50 ms at Nsight's default base clock) and down 0.59-0.66 ms;
+// at 1k 299 and 158-166 us. Measured the same or slower (docs/results.md): a warp-specialised
+// variant (TMA weight loads, a producer warpgroup, mbarriers); every copy's source precomputed;
+// the next loads issued right after the wgmmas (one barrier a step, two stages ahead); weight
+// panels multicast by TMA to two-CTA clusters of one expert's row tiles (half the L2 reads, but a
+// cluster barrier a step).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/moe_internal.cuh"

@@ -6,7 +6,8 @@
 // stood between the dot products and the routing. Nsight Compute on H200 timed that launch at
 // 12.4 us at one token (its SMs active ~20% of it) for ~0.5 MB of gate weights. Here CTA r takes
 // the experts [r·E/8, (r+1)·E/8), stores their logits straight into rank 0's shared memory
-// (distributed shared memory) and one cluster barrier hands them to rank 0, which routes.
+// (distributed shared memory) and one cluster barrier hands them to rank 0, which routes. Whole
+// decode steps (Moonlight, H200): batch 8 10.8 -> 10.4 ms, batch 1 unchanged at ~2.57 ms.
 //
 // CTA: 256 threads; thread i takes the 4-column groups i, i + 256, ... of H for 8 experts at a
 // time and every token, so all of a thread's loads are in flight at once; partials are summed over
