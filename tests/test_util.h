@@ -24,10 +24,10 @@ struct RunResult {
   std::string out;  // stdout and stderr together
 };
 
-// Runs `kiln <args>` through the shell and captures its output.
-inline RunResult run_kiln(const std::string& args) {
+// Runs a shell command line and captures its output (stdout and stderr).
+inline RunResult run_shell(const std::string& command) {
   RunResult r;
-  std::string cmd = std::string(KILN_BINARY) + " --log-level warn " + args + " 2>&1";
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf{};
@@ -36,6 +36,11 @@ inline RunResult run_kiln(const std::string& args) {
   int status = pclose(p);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// Runs `kiln <args>` through the shell and captures its output.
+inline RunResult run_kiln(const std::string& args) {
+  return run_shell(std::string(KILN_BINARY) + " --log-level warn " + args);
 }
 
 // A loopback TCP port that was free a moment ago (for servers started by tests).

@@ -3,6 +3,8 @@
 // folder and cuBLASLt for GEMMs.
 #include <map>
 #include <mutex>
+#include <type_traits>
+#include <vector>
 
 #include "ops/backend.h"
 #include "ops/cuda/cuda_common.cuh"
@@ -206,13 +208,15 @@ class CudaBackend final : public Backend {
     run("rms_norm", [&] { cuda::rms_norm(p, stream_); });
   }
   void linear(const LinearParams& p) override {
-    run(profile_ ? "linear m" + bucket(p.m) + " " + std::to_string(p.n) + "x" + std::to_string(p.k) : std::string(),
+    run([&] { return "linear m" + bucket(p.m) + " " + std::to_string(p.n) + "x" + std::to_string(p.k); },
         [&] { gemm_.linear(p, stream_); });
   }
   void linear_heads(const LinearHeadsParams& p) override {
-    run(profile_ ? "linear_heads m" + bucket(p.m) + " " + std::to_string(p.heads) + "x" + std::to_string(p.n) + "x" +
-                       std::to_string(p.k)
-                 : std::string(),
+    run(
+        [&] {
+          return "linear_heads m" + bucket(p.m) + " " + std::to_string(p.heads) + "x" + std::to_string(p.n) + "x" +
+                 std::to_string(p.k);
+        },
         [&] { gemm_.linear_heads(p, stream_); });
   }
   void add(const AddParams& p) override {
@@ -243,7 +247,7 @@ class CudaBackend final : public Backend {
     run("router", [&] { cuda::router(p, stream_); });
   }
   void moe(const MoeParams& p) override {
-    run(profile_ ? "moe m" + bucket(p.num_tokens) : std::string(), [&] { cuda::moe(p, gemm_, stream_); });
+    run([&] { return "moe m" + bucket(p.num_tokens); }, [&] { cuda::moe(p, gemm_, stream_); });
   }
   void log_softmax(const LogSoftmaxParams& p) override {
     run("log_softmax", [&] { cuda::log_softmax(p, stream_); });
@@ -253,9 +257,19 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  template <typename F>
-  void run(const std::string& name, F&& f) {
-    cuda::OpProfile::Scope scope(profile_.get(), profile_ ? name : std::string(), stream_);
+  // name: the op's name for the profile and KILN_OP_SKIP, a string or a callable making one
+  // (built only when either is on).
+  template <typename Name, typename F>
+  void run(Name&& name, F&& f) {
+    if (!profile_ && skip_.empty()) return f();
+    std::string n;
+    if constexpr (std::is_invocable_v<Name>)
+      n = name();
+    else
+      n = name;
+    for (const std::string& prefix : skip_)
+      if (n.starts_with(prefix)) return;
+    cuda::OpProfile::Scope scope(profile_.get(), profile_ ? n : std::string(), stream_);
     f();
   }
   // Row counts in powers of two, so a profile groups decode and prefill shapes.
@@ -267,6 +281,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<cuda::OpProfile> profile_ =
       cuda::OpProfile::requested() ? std::make_unique<cuda::OpProfile>() : nullptr;
+  const std::vector<std::string> skip_ = cuda::op_skip_list();  // KILN_OP_SKIP, see op_profile.h
   std::shared_ptr<CachingAllocator> alloc_, graph_alloc_;
   bool capturing_ = false;  // allocations come from graph_alloc_
   cudaStream_t stream_ = nullptr;

@@ -53,6 +53,26 @@ void allow_smem(Kernel* k, int bytes, std::atomic<uint64_t>& done) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
+// The largest dynamic shared memory a kernel has been opted into, per device: for kernels whose
+// size varies per call (it depends on the shape), so that each device gets one call per new
+// maximum instead of one per launch. A mutex, not atomics: a smaller request landing after a
+// larger one must not lower the attribute under the larger one's launch.
+struct SmemGrants {
+  std::mutex mu;
+  int bytes[64] = {};
+};
+template <typename Kernel>
+void allow_smem_at_least(Kernel* k, int bytes, SmemGrants& g) {
+  if (bytes <= 48 * 1024) return;  // every launch may use 48 KB
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(g.mu);
+  int& have = g.bytes[dev % 64];
+  if (have >= bytes) return;
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  have = bytes;
+}
+
 // Weights arrive as bf16 (the backend's weight dtype) or f32 (router, tests).
 __device__ __forceinline__ float load_w(const void* p, int64_t i, bool bf16) {
   return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];

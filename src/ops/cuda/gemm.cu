@@ -61,7 +61,11 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, bool hal
 // Measured and removed: the input RMSNorm inside the GEMV (each warp summing the squares of the x
 // rows it reads, norm_weight folded into the weights). It saved a launch, but the staged GEMV after
 // a separate rms_norm copies its weights while the norm runs, and that won: H200 whole steps,
-// separate vs fused at 1 / 2 / 8 rows, 2.65 vs 2.77, 3.84 vs 4.03, 10.31 vs 11.23 ms.
+// separate vs fused at 1 / 2 / 8 rows, 2.65 vs 2.77, 3.84 vs 4.03, 10.31 vs 11.23 ms. The norm
+// folded into the staged kernel (every warp summing v² beside its dot product, y scaled after)
+// lost too (session 10: 2.80-2.88 vs 2.61 ms at one row, 11.16 vs 10.58 at 8): without the norm
+// launch between them the GEMV follows the MoE down kernel, whose CTAs fill every SM, so its
+// CTAs become resident, and start their copies, only as that kernel drains.
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvWarps = 8;
 constexpr int kUnroll = 4;
@@ -128,7 +132,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
 // gemv_kernel kept 4 chunks per lane, and with programmatic dependent launch a CTA that starts
 // early has its rows on the way while the kernel before it still runs: a latency-bound kernel
 // there (an RMSNorm, MLA decode) costs the weight stream nothing. Dynamic shared memory:
-// kGemvWarps · k bf16.
+// kGemvWarps · k bf16. Measured and left out (session 10): x copied into shared memory too, every
+// thread's loads issued at once, so the dot products wait for one round trip instead of k / 256
+// (same single-stream steps, 2.64 / 2.59 vs 2.64 / 2.54 ms; 3.81 vs 3.67 at two rows).
 constexpr int kStagedMaxK = 2048;
 static_assert(kGemvWarps * kStagedMaxK * 2 <= 48 * 1024, "past 48 KB the launch needs cudaFuncSetAttribute first");
 
@@ -354,6 +360,9 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   float* xn = impl_->nbuf.get<float>(static_cast<size_t>(p.m * p.k));
   RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, xn, p.k, p.m, p.k, p.norm_eps};
   n.residual = p.norm_residual;
+  // Measured and left out (session 10): the norm triggering the GEMV before its own wait, so that
+  // the GEMV's CTAs take SMs as the MoE down kernel drains (1 / 2 / 8 rows: 2.62-2.68 vs 2.60-2.63,
+  // 3.79 vs 3.71-3.73, 10.52-10.64 vs 10.42-10.44 ms per step).
   rms_norm(n, s);
   h.x = xn, h.x_stride = p.k;
   impl_->heads(h, p.add, split_, s);

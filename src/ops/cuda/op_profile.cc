@@ -1,10 +1,26 @@
 #include "ops/cuda/op_profile.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 namespace kiln::ops::cuda {
+
+std::vector<std::string> op_skip_list() {
+  std::vector<std::string> out;
+  const char* v = std::getenv("KILN_OP_SKIP");
+  for (std::string_view rest = v ? v : ""; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    if (comma != 0) out.emplace_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  for (const std::string& s : out) spdlog::warn("KILN_OP_SKIP: ops named '{}*' are not run; outputs are wrong", s);
+  return out;
+}
 
 bool OpProfile::requested() {
   const char* v = std::getenv("KILN_OP_PROFILE");

@@ -13,6 +13,12 @@
 
 namespace kiln::ops::cuda {
 
+// KILN_OP_SKIP=prefix[,prefix...]: the ops whose profile name starts with one of these are not
+// run. Timing only (outputs are wrong): a decode graph without an op, against the whole step,
+// gives that op's cost where it runs overlapped with its neighbours (programmatic dependent
+// launch), which Nsight's kernel-by-kernel times do not. Warns when set.
+std::vector<std::string> op_skip_list();
+
 class OpProfile {
  public:
   static bool requested();

@@ -199,11 +199,10 @@ void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   const int64_t ctas = total_q * head_tiles;
   const int splits = static_cast<int>(std::clamp<int64_t>((2 * sm_count() + ctas - 1) / ctas, 1, kMaxSplits));
   const size_t smem = sizeof(float) * static_cast<size_t>((kHeads + kRows) * sh.pad + kHeads * kRows + 3 * kHeads);
-  // Past 48 KB the kernel must opt in, on this device, to this call's size (it depends on the
-  // latent width; a fixed larger request would fail on GPUs with less shared memory).
-  if (smem > 48 * 1024)
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_partial<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
+  // Past 48 KB the kernel must opt in, on this device, to at least this call's size (it depends on
+  // the latent width; a fixed larger request would fail on GPUs with less shared memory).
+  static SmemGrants grants;
+  allow_smem_at_least(mla_decode_partial<T>, static_cast<int>(smem), grants);
   float* po = splits == 1
                   ? p.out
                   : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));
@@ -241,6 +240,11 @@ int* merge_counters(size_t count) {
   return ptr;
 }
 
+// Split sizes measured at short contexts (session 10, single-stream steps at context 128-192,
+// Moonlight on H200): 32 or 64 rows a split at least, 2.94 / 2.88 ms against 2.80-2.88 with 128;
+// one split up to 256 rows (no merge), 2.61 / 2.58 against 2.64 / 2.59: no gain either way. Nor
+// did the idle splits prefetching the o_proj weights into L2 (2.59 / 2.61 vs 2.60 / 2.59).
+//
 // Query rows up to which 16-head decode takes the 4-stage kernel (KILN_MLA_SMALL_Q overrides it,
 // 0: never, for the A/B).
 int64_t mla_small_q() {

@@ -88,6 +88,8 @@ __global__ void split_rows_kernel(const float* x, int64_t rows, int64_t cols, in
 // once experts fill them (prefill: tensor-core bound, larger tiles re-read less of A and W).
 int64_t choose_bm(int64_t slots, int64_t experts) {
   // A 128-row tile (4 x 2 warps) measured no faster than 64 rows on 8k-token prefills (H200).
+  // 32-row tiles from 13 or from 1 row per expert (so that batches of 128-256 read each expert
+  // once) measured slower at 128 and 256 streams (session 10: 6,600 vs 6,868-6,998 tok/s at 128).
   const int64_t per_expert = (slots + experts - 1) / experts;
   return per_expert <= 24 ? 16 : per_expert <= 64 ? 32 : 64;
 }

@@ -162,7 +162,9 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1) gate_up
 // Measured and left out: two or four outputs per CTA with the segments staged in shared memory
 // by cp.async (same or slower whole steps); the first segment loaded before pdl_wait; and, for 2-8
 // tokens, the down projection per expert (each distinct row once for all its slots, partial sums,
-// then a combine launch): 169 + 5 us against 121 us at 8 tokens (H200, Nsight Compute).
+// then a combine launch): 169 + 5 us against 121 us at 8 tokens (H200, Nsight Compute). Also
+// slower (session 10): the gate/up CTAs prefetching the chosen experts' down rows into L2 once the
+// routing is known (single-stream steps 2.71-2.74 vs 2.59-2.61 ms).
 constexpr int kSegChunks = 6;  // 8 spilled at 64 registers
 
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(DecodeArgs a, bool vec) {
