@@ -11,35 +11,55 @@
 #          --batch-sizes 1 --prompt-len 128 --decode-steps 64
 # Op names are prefixes of the names KILN_OP_PROFILE prints: "linear " is every projection (the
 # space keeps linear_heads out), "linear m<=1 2048x2048" one shape at one row. The CUDA backend
-# honours KILN_OP_SKIP; on the CPU every cost reads about zero.
+# honours KILN_OP_SKIP (and, at exit, names any prefix that matched no op: the script then fails);
+# on the CPU every cost reads about zero.
 set -euo pipefail
 KILN=${KILN:-build/src/cli/kiln}
 OUT=""
 REPEATS=2
 OPS="mla_absorbed;mla_prepare;linear_heads;linear ;moe"
+usage() { echo "op-ablation: $1" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --kiln) KILN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --repeats) REPEATS=$2; shift 2 ;;
-    --ops) OPS=$2; shift 2 ;;
+    --kiln | --out | --repeats | --ops)
+      [ $# -ge 2 ] || usage "$1 needs a value"
+      case "$1" in
+        --kiln) KILN=$2 ;;
+        --out) OUT=$2 ;;
+        --repeats) REPEATS=$2 ;;
+        --ops) OPS=$2 ;;
+      esac
+      shift 2
+      ;;
     --) shift; break ;;
-    *) echo "op-ablation: unknown argument $1 (bench arguments go after --)" >&2; exit 2 ;;
+    *) usage "unknown argument $1 (bench arguments go after --)" ;;
   esac
 done
-[ $# -gt 0 ] || { echo "op-ablation: give the kiln bench model arguments after --" >&2; exit 2; }
-[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "op-ablation: --repeats $REPEATS is not a positive count" >&2; exit 2; }
+[ $# -gt 0 ] || usage "give the kiln bench model arguments after --"
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || usage "--repeats $REPEATS is not a positive count"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-run() {  # run <tag> <skip list>: one bench per repeat, JSON in $TMP/<tag>.<i>.json
+run() {  # run <tag> <skip list> <bench args>: one bench per repeat, JSON in $TMP/<tag>.<i>.json
   local tag=$1 skip=$2 i
   shift 2
   for ((i = 0; i < REPEATS; i++)); do
-    echo "op-ablation: ${tag} (run $((i + 1)) of ${REPEATS})" >&2
-    KILN_OP_SKIP="$skip" "$KILN" --log-level error bench model "$@" --json "$TMP/${tag}.${i}.json" >/dev/null
+    echo "op-ablation: ${skip:-whole step} (run $((i + 1)) of ${REPEATS})" >&2
+    if ! KILN_OP_SKIP="$skip" "$KILN" --log-level warn bench model "$@" --json "$TMP/${tag}.${i}.json" \
+      >/dev/null 2>"$TMP/log"; then
+      cat "$TMP/log" >&2
+      echo "op-ablation: the bench failed (above)" >&2
+      exit 1
+    fi
+    # A prefix that names no op would read as a free op: the backend says so when it exits.
+    if grep -q "matched no op" "$TMP/log"; then
+      grep "matched no op" "$TMP/log" >&2
+      echo "op-ablation: --ops entry '$skip' names no op of this run" >&2
+      exit 1
+    fi
   done
 }
 IFS=';' read -r -a OP_LIST <<<"$OPS"
+for op in "${OP_LIST[@]}"; do [ -n "$op" ] || usage "--ops '$OPS' has an empty entry"; done
 BENCH=("$@")
 run_all() {
   run whole "" "${BENCH[@]}"
@@ -77,5 +97,6 @@ for b in sorted(whole):
 if out:
     json.dump({"device": meta["device"], "activation_dtype": meta["activation_dtype"],
                "prompt_len": meta["prompt_len"], "decode_steps": meta["decode_steps"], "repeats": repeats,
-               "whole_ms_per_step": whole, "ops": rows}, open(out, "w"), indent=2)
+               "aggregate": "median", "whole_ms_per_step": whole, "ops": rows}, open(out, "w"), indent=2)
+    open(out, "a").write("\n")
 PY

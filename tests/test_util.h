@@ -24,10 +24,10 @@ struct RunResult {
   std::string out;  // stdout and stderr together
 };
 
-// Runs a shell command line and captures its output (stdout and stderr).
+// Runs a shell command line and captures its output (stdout and stderr of the whole line).
 inline RunResult run_shell(const std::string& command) {
   RunResult r;
-  const std::string cmd = command + " 2>&1";
+  const std::string cmd = "{ " + command + "\n} 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf{};
@@ -54,6 +54,11 @@ inline int free_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   close(fd);
   return ntohs(a.sin_port);
+}
+
+// The checkout this test was built from (KILN_TEST_DATA is its tests/data).
+inline std::filesystem::path repo_root() {
+  return std::filesystem::path(KILN_TEST_DATA).parent_path().parent_path();
 }
 
 inline std::string data_path(const std::string& rel) {

@@ -31,9 +31,7 @@ namespace kiln::server::test {
 
 namespace fs = std::filesystem;
 
-inline fs::path repo_root() {
-  return fs::path(KILN_TEST_DATA).parent_path().parent_path();
-}
+using kiln::test::repo_root;
 inline fs::path tiny_model() {
   return repo_root() / "models" / "kiln-tiny";
 }

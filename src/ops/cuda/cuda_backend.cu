@@ -267,9 +267,8 @@ class CudaBackend final : public Backend {
       n = name();
     else
       n = name;
-    for (const std::string& prefix : skip_)
-      if (n.starts_with(prefix)) return;
-    cuda::OpProfile::Scope scope(profile_.get(), profile_ ? n : std::string(), stream_);
+    if (skip_.skips(n)) return;
+    cuda::OpProfile::Scope scope(profile_.get(), profile_ ? std::move(n) : std::string(), stream_);
     f();
   }
   // Row counts in powers of two, so a profile groups decode and prefill shapes.
@@ -281,7 +280,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<cuda::OpProfile> profile_ =
       cuda::OpProfile::requested() ? std::make_unique<cuda::OpProfile>() : nullptr;
-  const std::vector<std::string> skip_ = cuda::op_skip_list();  // KILN_OP_SKIP, see op_profile.h
+  cuda::OpSkip skip_;  // KILN_OP_SKIP, see op_profile.h
   std::shared_ptr<CachingAllocator> alloc_, graph_alloc_;
   bool capturing_ = false;  // allocations come from graph_alloc_
   cudaStream_t stream_ = nullptr;

@@ -9,17 +9,31 @@
 
 namespace kiln::ops::cuda {
 
-std::vector<std::string> op_skip_list() {
-  std::vector<std::string> out;
+OpSkip::OpSkip() {
   const char* v = std::getenv("KILN_OP_SKIP");
   for (std::string_view rest = v ? v : ""; !rest.empty();) {
     const size_t comma = rest.find(',');
-    if (comma != 0) out.emplace_back(rest.substr(0, comma));
+    if (comma != 0) prefixes_.emplace_back(rest.substr(0, comma));
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  for (const std::string& s : out) spdlog::warn("KILN_OP_SKIP: ops named '{}*' are not run; outputs are wrong", s);
-  return out;
+  hits_.assign(prefixes_.size(), 0);
+  for (const std::string& p : prefixes_)
+    spdlog::warn("KILN_OP_SKIP: ops named '{}*' are not run; outputs are wrong", p);
+}
+
+OpSkip::~OpSkip() {
+  for (size_t i = 0; i < prefixes_.size(); ++i)
+    if (hits_[i] == 0) spdlog::warn("KILN_OP_SKIP: '{}' matched no op", prefixes_[i]);
+}
+
+bool OpSkip::skips(const std::string& name) {
+  for (size_t i = 0; i < prefixes_.size(); ++i)
+    if (name.starts_with(prefixes_[i])) {
+      ++hits_[i];
+      return true;
+    }
+  return false;
 }
 
 bool OpProfile::requested() {

@@ -16,8 +16,22 @@ namespace kiln::ops::cuda {
 // KILN_OP_SKIP=prefix[,prefix...]: the ops whose profile name starts with one of these are not
 // run. Timing only (outputs are wrong): a decode graph without an op, against the whole step,
 // gives that op's cost where it runs overlapped with its neighbours (programmatic dependent
-// launch), which Nsight's kernel-by-kernel times do not. Warns when set.
-std::vector<std::string> op_skip_list();
+// launch), which Nsight's kernel-by-kernel times do not (scripts/op-ablation.sh). Warns when set,
+// and on destruction names every prefix that matched no op (a typo would read as a free op).
+class OpSkip {
+ public:
+  OpSkip();
+  ~OpSkip();
+  OpSkip(const OpSkip&) = delete;
+  OpSkip& operator=(const OpSkip&) = delete;
+
+  bool empty() const { return prefixes_.empty(); }
+  bool skips(const std::string& name);  // counts the match
+
+ private:
+  std::vector<std::string> prefixes_;
+  std::vector<int64_t> hits_;
+};
 
 class OpProfile {
  public:

@@ -240,11 +240,6 @@ int* merge_counters(size_t count) {
   return ptr;
 }
 
-// Split sizes measured at short contexts (session 10, single-stream steps at context 128-192,
-// Moonlight on H200): 32 or 64 rows a split at least, 2.94 / 2.88 ms against 2.80-2.88 with 128;
-// one split up to 256 rows (no merge), 2.61 / 2.58 against 2.64 / 2.59: no gain either way. Nor
-// did the idle splits prefetching the o_proj weights into L2 (2.59 / 2.61 vs 2.60 / 2.59).
-//
 // Query rows up to which 16-head decode takes the 4-stage kernel (KILN_MLA_SMALL_Q overrides it,
 // 0: never, for the A/B).
 int64_t mla_small_q() {
@@ -272,6 +267,11 @@ int64_t mma_slots() {
 // two-tile-group kernel (more heads) keeps the 64 rows it was measured with.
 template <int HT, int STAGES>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
+  // Measured at short contexts (session 10, single-stream steps at context 128-192, Moonlight on
+  // H200): 32 or 64 rows a split at least, 2.94 / 2.88 ms against 2.80-2.88 with 128 (a binary
+  // whose base was slower for another change); one split up to 256 rows (no merge), 2.61 / 2.58
+  // against 2.64 / 2.59: no gain either way. Nor did the idle splits prefetching the o_proj weights
+  // into L2 (2.59 / 2.61 vs 2.60 / 2.59).
   constexpr int kMinSplitRows = (HT == 1 ? STAGES : 2) * mma_decode::kTileRows;
   const int64_t total_q = p.total_q, head_tiles = (p.num_heads + kHeads - 1) / kHeads;
   const int64_t head_groups = (head_tiles + HT - 1) / HT, ctas = total_q * head_groups;

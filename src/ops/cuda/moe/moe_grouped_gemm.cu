@@ -227,6 +227,8 @@ void launch(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
   static std::atomic<uint64_t> smem_devices;  // the opt-in is per device
   allow_smem(kernel, static_cast<int>(kSmem), smem_devices);
   const int64_t cols = kGateUp ? kGateCols : kBRows;
+  // Column blocks fastest. Tiles fastest (an expert's tiles side by side, so that a second tile's
+  // weight block would come from L2) measured within spread at 32-256 streams (session 10).
   const dim3 grid(static_cast<unsigned>((args.n + cols - 1) / cols), static_cast<unsigned>(max_tiles));
   kernel<<<grid, TL::kThreads, kSmem, s>>>(args);
 }
@@ -362,9 +364,6 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
   }
 }
 
-// The grid walks column blocks fastest. Tiles fastest (an expert's tiles side by side, so a second
-// tile's weight block would come from L2) measured the same at 32-256 streams (session 10).
-//
 // KILN_MOE_SKINNY=0 keeps 16-row tiles on the kernel above (for the A/B).
 bool skinny_enabled() {
   static const bool on = env_int("KILN_MOE_SKINNY", 1) != 0;
