@@ -3,8 +3,9 @@
 # each op (KILN_OP_SKIP), and an op's cost is the difference. Unlike Nsight's kernel-by-kernel
 # times or KILN_OP_PROFILE's events (which turn graphs off), this is each op's cost where it runs
 # overlapped with its neighbours (programmatic dependent launch), which is what a step pays.
-# The outputs of a skipped op are wrong; skipping the router leaves stale expert ids, which change
-# what the MoE reads, so the router is left out of the default list.
+# The outputs of a skipped op are wrong. A skipped router is replaced by one small launch writing
+# fixed choices (k distinct experts per token), so the MoE still reads as many experts; its row is
+# the router's cost less that launch's.
 #
 # Usage: scripts/op-ablation.sh [--kiln PATH] [--out FILE.json] [--repeats N] [--ops 'a;b;...'] -- <kiln bench model arguments>
 #   e.g. scripts/op-ablation.sh -- --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
@@ -17,7 +18,7 @@ set -euo pipefail
 KILN=${KILN:-build/src/cli/kiln}
 OUT=""
 REPEATS=2
-OPS="mla_absorbed;mla_prepare;linear_heads;linear ;moe"
+OPS="mla_absorbed;mla_prepare;linear_heads;linear ;router;moe"
 usage() { echo "op-ablation: $1" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -1,6 +1,7 @@
 // The CUDA backend: device memory through a caching allocator (the forward allocates scratch
 // every step; cudaMalloc/cudaFree there would serialise the GPU), one stream, the kernels in this
 // folder and cuBLASLt for GEMMs.
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -244,7 +245,8 @@ class CudaBackend final : public Backend {
     run("mla_prepare", [&] { cuda::mla_prepare(p, gemm_, stream_); });
   }
   void router(const RouterParams& p) override {
-    run("router", [&] { cuda::router(p, stream_); });
+    run(
+        "router", [&] { cuda::router(p, stream_); }, [&] { cuda::router_stand_in(p, stream_); });
   }
   void moe(const MoeParams& p) override {
     run([&] { return "moe m" + bucket(p.num_tokens); }, [&] { cuda::moe(p, gemm_, stream_); });
@@ -258,16 +260,19 @@ class CudaBackend final : public Backend {
 
  private:
   // name: the op's name for the profile and KILN_OP_SKIP, a string or a callable making one
-  // (built only when either is on).
-  template <typename Name, typename F>
-  void run(Name&& name, F&& f) {
+  // (built only when either is on); instead: what a skipped op runs (nothing when null).
+  template <typename Name, typename F, typename G = std::nullptr_t>
+  void run(Name&& name, F&& f, G&& instead = nullptr) {
     if (!profile_ && skip_.empty()) return f();
     std::string n;
     if constexpr (std::is_invocable_v<Name>)
       n = name();
     else
       n = name;
-    if (skip_.skips(n)) return;
+    if (skip_.skips(n)) {
+      if constexpr (!std::is_null_pointer_v<std::decay_t<G>>) instead();
+      return;
+    }
     cuda::OpProfile::Scope scope(profile_.get(), profile_ ? std::move(n) : std::string(), stream_);
     f();
   }

@@ -153,17 +153,23 @@ __device__ __forceinline__ float online_softmax_step(float* scores, int n, float
   return scale;
 }
 
-// The sequence a row belongs to: the last b with cu[b] <= row (skips empty sequences before it).
-__device__ __forceinline__ int64_t seq_of(const int32_t* cu, int64_t num_seqs, int64_t row) {
-  int64_t lo = 0, hi = num_seqs - 1;
+// The last b in [0, n) with key(b) <= target, for key non-decreasing in b (0 when there is none).
+template <typename Key>
+__device__ __forceinline__ int64_t last_at_most(int64_t n, int64_t target, Key key) {
+  int64_t lo = 0, hi = n - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (cu[mid] <= row)
+    if (key(mid) <= target)
       lo = mid;
     else
       hi = mid - 1;
   }
   return lo;
+}
+
+// The sequence a row belongs to: the last b with cu[b] <= row (skips empty sequences before it).
+__device__ __forceinline__ int64_t seq_of(const int32_t* cu, int64_t num_seqs, int64_t row) {
+  return last_at_most(num_seqs, row, [cu](int64_t b) { return static_cast<int64_t>(cu[b]); });
 }
 
 // Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.

@@ -66,6 +66,11 @@ void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s);
 void mla_expanded(const MlaExpandedParams& p, cudaStream_t s);
 // Routing; with a fused gate (p.x set) <= 8 tokens run gate + routing in one launch.
 void router(const RouterParams& p, cudaStream_t s);
+// What KILN_OP_SKIP runs instead of the router (timing only): one small launch writing fixed
+// choices, k distinct experts per token ((t·k + j) mod E) with weights 1/k, so that the MoE after
+// it reads as many experts as under real routing and the step without the router still means
+// something. Nothing else is written.
+void router_stand_in(const RouterParams& p, cudaStream_t s);
 
 // Routed (+ shared) experts (bf16 weights), graph-capturable, no host sync: decode steps run two
 // GEMV launches (moe/moe_decode.cu); more tokens sort slots by expert on the device and run two

@@ -16,8 +16,10 @@ namespace kiln::ops::cuda {
 // KILN_OP_SKIP=prefix[,prefix...]: the ops whose profile name starts with one of these are not
 // run. Timing only (outputs are wrong): a decode graph without an op, against the whole step,
 // gives that op's cost where it runs overlapped with its neighbours (programmatic dependent
-// launch), which Nsight's kernel-by-kernel times do not (scripts/op-ablation.sh). Warns when set,
-// and on destruction names every prefix that matched no op (a typo would read as a free op).
+// launch), which Nsight's kernel-by-kernel times do not (scripts/op-ablation.sh). The router is
+// replaced by a one-launch stand-in with fixed choices (cuda::router_stand_in), so that the MoE
+// reads as many experts without it. Warns when set, and on destruction names every prefix that
+// matched no op (a typo would read as a free op).
 class OpSkip {
  public:
   OpSkip();

@@ -62,15 +62,9 @@ __global__ void __launch_bounds__(kThreads)
                        int64_t k_pe_stride, VarlenSeqs seqs, unsigned char* img) {
   __shared__ float v_s[kBN][kV + 1];  // the block's values, f32, for the transpose
   const int64_t blk = blockIdx.x, hg = gridDim.y, hl = blockIdx.y, h = head0 + hl;
-  int64_t lo = 0, hi = seqs.num_seqs - 1;  // the last sequence whose first block is <= blk
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (first_block(seqs.cu_kv, mid) <= blk)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const int64_t b = lo, kv0 = seqs.cu_kv[b], kv_len = seqs.cu_kv[b + 1] - kv0;
+  // The last sequence whose first block is <= blk.
+  const int64_t b = last_at_most(seqs.num_seqs, blk, [&](int64_t q) { return first_block(seqs.cu_kv, q); });
+  const int64_t kv0 = seqs.cu_kv[b], kv_len = seqs.cu_kv[b + 1] - kv0;
   const int64_t key0 = (blk - first_block(seqs.cu_kv, b)) * kBN;
   if (key0 < 0 || key0 >= kv_len) return;  // between sequences: never read
   unsigned char* out = img + (blk * hg + hl) * int64_t{kTileImage};

@@ -111,7 +111,23 @@ __global__ void __launch_bounds__(kWarps * 32) gate_kernel(RouterParams p) {
   }
 }
 
+__global__ void stand_in_kernel(RouterParams p) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t slots = p.num_tokens * p.top_k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < slots;
+       i += gridDim.x * static_cast<int64_t>(blockDim.x)) {
+    p.topk_ids[i] = static_cast<int32_t>(i % p.num_experts);
+    p.topk_weights[i] = 1.0f / static_cast<float>(p.top_k);
+  }
+}
+
 }  // namespace
+
+void router_stand_in(const RouterParams& p, cudaStream_t s) {
+  const int64_t slots = p.num_tokens * p.top_k;
+  if (slots > 0) launch_pdl(stand_in_kernel, dim3(blocks_for(slots, 256)), dim3(256), 0, s, p);
+}
 
 void router(const RouterParams& p, cudaStream_t s) {
   KILN_REQUIRE(p.num_experts <= kMaxExperts && p.n_group <= kMaxGroups && p.top_k <= kMaxTopK,
