@@ -47,6 +47,11 @@ echo "== the same without programmatic dependent launch (KILN_PDL=0), for the A/
 KILN_PDL=0 .gpu/kiln bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
   --batch-sizes 1,128 --prompt-len 128 --decode-steps 32 --json "$OUT/bench_model_nopdl.json" 2>&1 | grep -E "^ +[0-9]" || status=1
 BENCH=(.gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights)
+echo "== A/B: decode projections of 2-8 rows on tensor cores (default) or CUDA cores (KILN_GEMV_MMA_MIN_ROWS=9)"
+for v in 2 9; do
+  KILN_GEMV_MMA_MIN_ROWS=$v "${BENCH[@]}" --batch-sizes 1,2,4,8 --prompt-len 128 --decode-steps 64 2>&1 |
+    grep -E "^ +[0-9]" | sed "s/^/gemv_mma_min_rows=$v: /"
+done
 echo "== A/B: 16-row MoE tiles on the skinny grouped kernel (default) or the general one (KILN_MOE_SKINNY=0)"
 for v in 1 0; do
   KILN_MOE_SKINNY=$v "${BENCH[@]}" --batch-sizes 32,128 --prompt-len 128 --decode-steps 32 2>&1 |

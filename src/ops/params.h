@@ -42,7 +42,7 @@ struct LinearParams {
   int64_t y_stride;
   int64_t m, n, k;
   // Optional input norm (a layer's RMSNorm as part of the projection that consumes it; CUDA runs
-  // it as its own kernel, which the staged GEMV after it overlaps): when norm_weight is set, the op multiplies by
+  // it as its own kernel, which the decode GEMV after it overlaps): when norm_weight is set, the op multiplies by
   // rms_norm(x + norm_residual) ⊙ norm_weight instead of x, with RmsNormParams's math (mean of
   // squares over k, rsqrt(mean + eps)). Neither x nor norm_residual is written.
   const void* norm_weight = nullptr;  // [k]

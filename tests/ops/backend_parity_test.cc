@@ -121,7 +121,11 @@ TEST(Parity, Linear) {
   struct S {
     int64_t m, n, k;
   };
-  for (S s : {S{1, 64, 64}, S{7, 300, 129}, S{1, 2048, 7168}, S{256, 512, 1000}, S{33, 4096, 512}, S{128, 163, 90}}) {
+  // 2-8 rows with k % 32 == 0 take the tensor-core GEMV: n not a multiple of its 16-row tile, fewer
+  // 32-column blocks (3) than warps (8), Moonlight's q + kv_a at 8 rows, and k past one 2048-column
+  // chunk (DeepSeek-V3's hidden 7168: 3.5 chunks).
+  for (S s : {S{1, 64, 64}, S{7, 300, 129}, S{1, 2048, 7168}, S{256, 512, 1000}, S{33, 4096, 512}, S{128, 163, 90},
+              S{5, 300, 2048}, S{2, 100, 96}, S{8, 3648, 2048}, S{4, 300, 7168}}) {
     // The GPU multiplies bf16 operands: round x too, so the comparison measures accumulation only.
     auto x = bf16_round(randn(static_cast<size_t>(s.m * s.k), 6)),
          w = bf16_round(randn(static_cast<size_t>(s.n * s.k), 7));
@@ -140,7 +144,7 @@ TEST(Parity, Linear) {
 TEST(Parity, LinearHeads) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
-  for (int64_t m : {1, 3, 8, 9, 33, 64, 300}) {  // GEMV to 8 rows, batched GEMM beyond
+  for (int64_t m : {1, 2, 3, 8, 9, 33, 64, 300}) {  // GEMV to 8 rows (tensor cores from 2), batched GEMM beyond
     for (int64_t heads : {1, 5, 12, 16}) {
       const int64_t n = 512, k = 128, xs = heads * (k + 64), ys = heads * (n + 64);  // strided like the model
       auto x = bf16_round(randn(static_cast<size_t>(m * xs), 20));
@@ -161,8 +165,10 @@ TEST(Parity, LinearHeads) {
 
 // --activation-dtype bf16: the cuBLASLt GEMMs (> 8 rows) round x to bf16 once, so on the CPU the
 // same x rounded first gives the same products (only accumulation order differs); the GEMVs (<= 8
-// rows) keep f32 x. Cases: y written in place by the GEMM (aligned, n % 64 == 0), through scratch
-// (n 163, strided y), with a fused addend, and batched heads.
+// rows) do not round x (f32 on CUDA cores, bf16 hi + lo on tensor cores from 2 rows, k % 32 == 0:
+// the 4-row case, strided y with an addend; x is unrounded, so the lo parts count). Cases: y
+// written in place by the GEMM (aligned, n % 64 == 0), through scratch (n 163, strided y), with a
+// fused addend, and batched heads.
 TEST(Parity, LinearBf16Activations) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
@@ -173,7 +179,7 @@ TEST(Parity, LinearBf16Activations) {
   };
   for (S s : {S{3, 300, 129, 1, 300, false}, S{256, 512, 1000, 1, 512, false}, S{33, 4096, 512, 1, 4096, true},
               S{128, 163, 90, 1, 163, false}, S{300, 512, 128, 1, 600, false}, S{64, 512, 128, 5, 0, false},
-              S{9, 128, 64, 16, 0, false}}) {
+              S{9, 128, 64, 16, 0, false}, S{4, 300, 256, 1, 304, true}}) {
     const int64_t ys = s.heads > 1 ? s.heads * s.n : s.ys;
     const auto x = randn(static_cast<size_t>(s.m * s.heads * s.k), 30);
     const auto w = bf16_round(randn(static_cast<size_t>(s.heads * s.n * s.k), 31, 0.1f));
@@ -265,8 +271,9 @@ std::vector<float> run_fused_linear(ops::Backend& be, const FusedLinearCase& c, 
 
 std::vector<FusedLinearCase> fused_linear_cases() {
   std::vector<FusedLinearCase> cases;
-  // GEMV to 8 rows (k <= 2048 the staged kernel, 2056 and 11264 the plain one, 7 its scalar path),
-  // cuBLASLt beyond
+  // GEMV to 8 rows (k 2048: one row the staged kernel, 3 and 8 the tensor-core one; 1000 the staged
+  // kernel; 2056 the plain one, 7 its scalar path; 11264: one row the plain kernel, 3 and 8 the
+  // tensor-core one in 5.5 chunks), cuBLASLt beyond
   for (int64_t m : {1, 3, 8, 9, 64})
     for (int64_t k : {2048, 1000, 7, 2056, 11264})
       for (int variant = 0; variant < 4; ++variant) cases.push_back({m, 300, k, variant});

@@ -261,6 +261,12 @@ TEST(Parity, MoeExperts) {
   for (int64_t T : {1, 4, 37}) shapes.push_back({T, 96, 40, 8, 2, MoeRouting::Random, 80});
   for (int64_t T : {1, 3, 6}) shapes.push_back({T, 90, 36, 6, 2, MoeRouting::Random, 36});
   shapes.push_back({1, 7168, 2048, 8, 8, MoeRouting::Random, 2048});
+  // Decode GEMVs with experts chosen by many tokens: every token's slot 0, few experts, every token
+  // taking all 4; then one without shared experts.
+  shapes.push_back({8, 1024, 256, 16, 6, MoeRouting::OneHot, 512});
+  shapes.push_back({6, 1024, 256, 16, 6, MoeRouting::FewExperts, 512});
+  shapes.push_back({7, 256, 64, 4, 4, MoeRouting::Random, 64});
+  shapes.push_back({2, 512, 128, 8, 2, MoeRouting::Random});
   // Prefill-sized steps on the wgmma kernels (>= 256 tokens, widths multiples of 64): random, few
   // experts (most get none) and one expert in every token's slot 0; Moonlight widths.
   // MoePrefillPathsAgree covers the cuBLASLt and mma.sync paths at these sizes.

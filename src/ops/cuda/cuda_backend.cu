@@ -157,10 +157,12 @@ class CudaBackend final : public Backend {
     const std::string pdl = cuda::pdl_enabled() ? " (programmatic dependent launch)" : " (KILN_PDL=0: plain launches)";
     return {
         {"linear",
-         "<=8 rows: kiln bf16 GEMV (f32 activations; k <= 2048: each CTA copies its 8 weight rows into "
-         "shared memory (cp.async) before the previous kernel ends, longer rows: 4 loads in flight per lane; "
-         "residual addend fused); more: " +
-             gemm_.name() + "; an input RMSNorm runs first as its own kernel, which the staged GEMV overlaps"},
+         "<=8 rows: kiln bf16 GEMV, residual addend fused (2-8 rows, k % 32 == 0: mma.sync m16n8k16, 16 "
+         "weight rows a CTA, their first 2048 columns loaded before the previous kernel ends, the rows as N, "
+         "x as bf16 hi + lo; one row, k <= 2048: CUDA cores, each CTA copying its 8 weight rows into shared "
+         "memory (cp.async) before the previous kernel ends; otherwise CUDA cores, 4 loads in flight per "
+         "lane; f32 activations); more: " +
+             gemm_.name() + "; an input RMSNorm runs first as its own kernel, which the GEMV after it overlaps"},
         {"linear_heads", "<=8 rows: the same GEMV over all heads in one launch; more: one batched cuBLASLt GEMM"},
         {"mla prefill",
          "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "

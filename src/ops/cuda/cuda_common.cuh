@@ -41,36 +41,27 @@ inline int sm_count() {
   return n;
 }
 
-// Opt a kernel into its shared memory once per device (the attribute is per device context);
-// `done` is that kernel's own set of devices.
-template <typename Kernel>
-void allow_smem(Kernel* k, int bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t{1} << (dev % 64);
-  if (done.load(std::memory_order_acquire) & bit) return;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(bit, std::memory_order_release);
-}
-
-// The largest dynamic shared memory a kernel has been opted into, per device: for kernels whose
-// size varies per call (it depends on the shape), so that each device gets one call per new
-// maximum instead of one per launch. A mutex, not atomics: a smaller request landing after a
-// larger one must not lower the attribute under the larger one's launch.
+// Opts a kernel into `bytes` of dynamic shared memory on the current device (the attribute is per
+// device context), once per new maximum: `g` is that kernel's own record of the largest grant per
+// device, so a kernel whose size depends on the shape pays one call per larger shape, not one per
+// launch. The fast path is one atomic load; the lock keeps a smaller request landing after a larger
+// one from lowering the attribute under the larger one's launch.
 struct SmemGrants {
   std::mutex mu;
-  int bytes[64] = {};
+  std::atomic<int> bytes[64] = {};
 };
 template <typename Kernel>
-void allow_smem_at_least(Kernel* k, int bytes, SmemGrants& g) {
-  if (bytes <= 48 * 1024) return;  // every launch may use 48 KB
+void allow_smem(Kernel* k, int bytes, SmemGrants& g) {
+  // No shortcut below 48 KB: that default bounds static plus dynamic shared memory together.
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_REQUIRE(dev < 64, "allow_smem: device " + std::to_string(dev) + " past the 64 it records");
+  std::atomic<int>& have = g.bytes[dev];
+  if (have.load(std::memory_order_acquire) >= bytes) return;
   std::lock_guard<std::mutex> lock(g.mu);
-  int& have = g.bytes[dev % 64];
-  if (have >= bytes) return;
+  if (have.load(std::memory_order_relaxed) >= bytes) return;
   KILN_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  have = bytes;
+  have.store(bytes, std::memory_order_release);
 }
 
 // Weights arrive as bf16 (the backend's weight dtype) or f32 (router, tests).

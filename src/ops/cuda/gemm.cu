@@ -14,8 +14,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
-#include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
+#include "ops/cuda/gemv.h"
 
 #define KILN_CUBLAS_CHECK(expr)                                                                                        \
   do {                                                                                                                 \
@@ -48,133 +47,6 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, bool hal
   const float* th = t + blockIdx.y * (halves ? 2 : 1) * m * n;
   const float v = halves ? th[i] + th[m * n + i] : th[i];
   y[o] = add ? v + add[o] : v;
-}
-
-// Small-m GEMV over bf16 weights with f32 activations: one warp per output row reads the weight
-// row once for all m <= kGemvMaxRows activation rows; blockIdx.y picks the head; add (laid out as
-// y, may be null) is added in the epilogue. Decode is this kernel reading weights, so it must keep
-// enough bytes in flight to saturate HBM: every lane issues kUnroll 16-byte weight loads before it
-// uses any of them. (8 instead of 4 took 60 instead of 39 registers, fewer CTAs fit, and a
-// single-stream step got 0.1 ms slower on H200.) Rows of at most kStagedMaxK take the staged
-// kernel below.
-//
-// Measured and removed: the input RMSNorm inside the GEMV (each warp summing the squares of the x
-// rows it reads, norm_weight folded into the weights). It saved a launch, but the staged GEMV after
-// a separate rms_norm copies its weights while the norm runs, and that won: H200 whole steps,
-// separate vs fused at 1 / 2 / 8 rows, 2.65 vs 2.77, 3.84 vs 4.03, 10.31 vs 11.23 ms. The norm
-// folded into the staged kernel (every warp summing v² beside its dot product, y scaled after)
-// lost too (session 10: 2.80-2.88 vs 2.61 ms at one row, 11.16 vs 10.58 at 8): without the norm
-// launch between them the GEMV follows the MoE down kernel, whose CTAs fill every SM, so its
-// CTAs become resident, and start their copies, only as that kernel drains.
-constexpr int kGemvMaxRows = 8;
-constexpr int kGemvWarps = 8;
-constexpr int kUnroll = 4;
-
-// y[t, h, r] for this warp's row r: the warp-partial sums in acc, plus add.
-template <int M>
-__device__ __forceinline__ void gemv_store(const LinearHeadsParams& p, const float* add, int64_t h, int64_t r,
-                                           float (&acc)[M]) {
-#pragma unroll
-  for (int t = 0; t < M; ++t) {
-    if (t >= p.m) break;
-    const float v = warp_sum(acc[t]);
-    const int64_t o = t * p.y_stride + h * p.y_head_stride + r;
-    if ((threadIdx.x & 31) == 0) p.y[o] = add ? v + add[o] : v;
-  }
-}
-
-template <int M>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams p, const float* add) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps, h = blockIdx.y;
-  if (threadIdx.x == 0 && p.k % 8 == 0) {  // weights are constant: fetch them early
-    const auto* rows = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r0 * p.k;
-    if (aligned16(rows))
-      prefetch_l2(rows, static_cast<uint32_t>(min(static_cast<int64_t>(kGemvWarps), p.n - r0) * p.k * 2));
-  }
-  pdl_wait();  // activations (x, add) only from here on
-  pdl_trigger();
-  const int rows = static_cast<int>(p.m);  // <= M: launch_gemv picks M
-  const float* x = p.x + h * p.x_head_stride;
-  const int64_t r = r0 + (threadIdx.x >> 5);
-  if (r >= p.n) return;
-  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k;
-  float acc[M] = {};
-  const bool vec = p.k % 8 == 0 && aligned16(w) && aligned16(x) && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0;
-  if (vec) {
-    const uint4* w4 = reinterpret_cast<const uint4*>(w);
-    const int64_t n8 = p.k / 8;
-    for (int64_t base = lane; base < n8; base += kUnroll * 32) {
-      uint4 v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (base + u * 32 < n8) v[u] = __ldcs(w4 + base + u * 32);  // streamed once: keep L2 for x
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (base + u * 32 < n8) dot8_accumulate<M>(v[u], x, p.x_stride, (base + u * 32) * 8, rows, acc);
-    }
-  } else {
-    for (int64_t i = lane; i < p.k; i += 32) {
-      const float wv = __bfloat162float(w[i]);
-#pragma unroll
-      for (int t = 0; t < M; ++t)
-        if (t < rows) acc[t] += wv * x[t * p.x_stride + i];
-    }
-  }
-  gemv_store<M>(p, add, h, r, acc);
-}
-
-// The GEMV for rows of at most kStagedMaxK weights (Moonlight: q + kv_a, W_uv, o_proj, the dense
-// gate/up and lm_head; not the dense down or anything at DeepSeek-V3's hidden 7,168): each warp
-// first starts copying its whole weight row into shared memory with cp.async, before the wait, so
-// the weights must not be written by the kernel launched just before (they are constant). The
-// copies are in flight without holding registers, so a CTA keeps all 8 rows in flight where
-// gemv_kernel kept 4 chunks per lane, and with programmatic dependent launch a CTA that starts
-// early has its rows on the way while the kernel before it still runs: a latency-bound kernel
-// there (an RMSNorm, MLA decode) costs the weight stream nothing. Dynamic shared memory:
-// kGemvWarps · k bf16. Measured and left out (session 10): x copied into shared memory too, every
-// thread's loads issued at once, so the dot products wait for one round trip instead of k / 256
-// (same single-stream steps, 2.64 / 2.59 vs 2.64 / 2.54 ms; 3.81 vs 3.67 at two rows).
-constexpr int kStagedMaxK = 2048;
-static_assert(kGemvWarps * kStagedMaxK * 2 <= 48 * 1024, "past 48 KB the launch needs cudaFuncSetAttribute first");
-
-template <int M>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_staged_kernel(LinearHeadsParams p, const float* add) {
-  extern __shared__ uint4 rows_s[];  // [kGemvWarps][k / 8]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n8 = static_cast<int>(p.k / 8);
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kGemvWarps, h = blockIdx.y;
-  const int64_t r = min(r0 + warp, p.n - 1);  // rows past n copy row n - 1 and write nothing
-  const uint4* w4 =
-      reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.w) + h * p.w_head_stride + r * p.k);
-  uint4* row = rows_s + warp * n8;
-  for (int i = lane; i < n8; i += 32) cp_async16(row + i, w4 + i, true);
-  cp_async_commit();
-  pdl_wait();  // activations (x, add) only from here on
-  pdl_trigger();
-  const float* x = p.x + h * p.x_head_stride;
-  cp_async_wait<0>();  // this lane's own chunks of the row
-  float acc[M] = {};
-  for (int i = lane; i < n8; i += 32) dot8_accumulate<M>(row[i], x, p.x_stride, i * 8, static_cast<int>(p.m), acc);
-  if (r0 + warp < p.n) gemv_store<M>(p, add, h, r, acc);
-}
-
-void launch_gemv(const LinearHeadsParams& p, const float* add, cudaStream_t s) {
-  KILN_REQUIRE(p.m >= 1 && p.m <= kGemvMaxRows, "gemv: " + std::to_string(p.m) + " rows (1 to 8)");
-  const dim3 grid(blocks_for(p.n, kGemvWarps), static_cast<unsigned>(p.heads));
-  using Kernel = void (*)(LinearHeadsParams, const float*);
-  // rows as a template parameter: no dead accumulators, fully unrolled x loads
-  static const Kernel plain[] = {gemv_kernel<1>, gemv_kernel<2>, gemv_kernel<3>, gemv_kernel<4>,
-                                 gemv_kernel<5>, gemv_kernel<6>, gemv_kernel<7>, gemv_kernel<8>};
-  static const Kernel staged[] = {gemv_staged_kernel<1>, gemv_staged_kernel<2>, gemv_staged_kernel<3>,
-                                  gemv_staged_kernel<4>, gemv_staged_kernel<5>, gemv_staged_kernel<6>,
-                                  gemv_staged_kernel<7>, gemv_staged_kernel<8>};
-  const int64_t i = p.m - 1;
-  if (p.k % 8 == 0 && p.k <= kStagedMaxK && p.x_stride % 4 == 0 && p.x_head_stride % 4 == 0 &&
-      p.w_head_stride % 8 == 0 && aligned16(p.w) && aligned16(p.x)) {
-    launch_pdl(staged[i], grid, dim3(kGemvWarps * 32), static_cast<size_t>(kGemvWarps * p.k * 2), s, p, add);
-    return;
-  }
-  launch_pdl(plain[i], grid, dim3(kGemvWarps * 32), 0, s, p, add);
 }
 
 }  // namespace
@@ -309,7 +181,7 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
   LinearHeadsParams p = p_in;  // stride 0: the dense [m, heads, k] / [m, heads, n] layout
   if (!p.x_stride) p.x_stride = p.heads * p.k;
   if (!p.y_stride) p.y_stride = p.heads * p.n;
-  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, exact f32 x
+  if (p.w_dtype == DType::BF16 && p.m <= kGemvMaxRows) {  // decode-sized: memory-bound GEMV, ~f32 x (gemv.cu)
     launch_gemv(p, add, s);
     return;
   }

@@ -10,7 +10,6 @@
 // (mla_decode_mma.cuh) and merge their splits inside the same kernel; f32 pools and other latent
 // shapes (the small test models) run the CUDA-core kernel below and a second, merging kernel.
 #include <algorithm>
-#include <atomic>
 #include <mutex>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -202,7 +201,7 @@ void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   // Past 48 KB the kernel must opt in, on this device, to at least this call's size (it depends on
   // the latent width; a fixed larger request would fail on GPUs with less shared memory).
   static SmemGrants grants;
-  allow_smem_at_least(mla_decode_partial<T>, static_cast<int>(smem), grants);
+  allow_smem(mla_decode_partial<T>, static_cast<int>(smem), grants);
   float* po = splits == 1
                   ? p.out
                   : part_out_scratch().get<float>(static_cast<size_t>(splits * total_q * p.num_heads * p.kv_lora));
@@ -252,7 +251,7 @@ int64_t mla_small_q() {
 template <int HT, int STAGES>
 int64_t mma_slots() {
   constexpr size_t smem = mma_decode::smem_bytes<HT, STAGES>();
-  static std::atomic<uint64_t> smem_devices;
+  static SmemGrants smem_devices;
   allow_smem(mma_decode::mla_decode_mma_kernel<HT, STAGES>, static_cast<int>(smem), smem_devices);
   static const int64_t n = [] {
     int per_sm = 0;

@@ -13,7 +13,6 @@
 // boundaries); each row masks keys outside its own causal range. Any head count works: heads are a
 // grid dimension.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -158,7 +157,7 @@ void mla_expanded_wgmma(const MlaExpandedParams& p, cudaStream_t s) {
   static const Depth depths[] = {{fa::flash_kernel<2>, fa::smem_bytes<2>()},
                                  {fa::flash_kernel<3>, fa::smem_bytes<3>()},
                                  {fa::flash_kernel<4>, fa::smem_bytes<4>()}};
-  static std::atomic<uint64_t> smem_done[3];
+  static SmemGrants smem_done[3];
   const auto [kernel, smem] = depths[stages - 2];
   allow_smem(kernel, static_cast<int>(smem), smem_done[stages - 2]);
 
@@ -202,7 +201,7 @@ void mla_expanded(const MlaExpandedParams& params, cudaStream_t s) {
                "mla_expanded: v_head_dim " + std::to_string(p.v_dim) + " exceeds " + std::to_string(kMaxV));
   const size_t smem =
       sizeof(float) * static_cast<size_t>((kQ + kK) * (p.qk_dim + 1) + kK * (p.v_dim + 1) + kQ * kK + 3 * kQ);
-  static std::atomic<uint64_t> smem_done;
+  static SmemGrants smem_done;
   allow_smem(mla_prefill_kernel, 160 * 1024, smem_done);
   dim3 grid(static_cast<unsigned>((total_q + kQ - 1) / kQ), static_cast<unsigned>(p.num_heads));
   mla_prefill_kernel<<<grid, kThreads, smem, s>>>(p, total_q);

@@ -11,6 +11,19 @@
 //     per slot and no combine pass follows.
 // Activations stay f32 and weights bf16 with f32 accumulation (the precision of the other paths);
 // sums run in a fixed order, so results do not depend on timing.
+// Measured and left out (session 11, H200): 2-8 tokens on tensor cores as the projections' GEMV
+// (gemv.cu) does it, every MMA taking all the tokens (its N of 8) so that each chosen expert is
+// read once for all the tokens that chose it: gate/up tiles of 8 gate over 8 up rows (SwiGLU in the
+// lanes), down tiles of 16 columns, then a combine launch. Whole steps at 2 / 4 / 8 tokens, each
+// against this file's kernels in the same run:
+//  - a CTA per tile, staged in shared memory: 3.51-3.57 / 5.76-5.80 / 9.17-9.28 ms vs 3.51-3.52 /
+//    5.26-5.33 / 8.67;
+//  - the same in registers: 3.86-3.91 / 5.71-5.80 / 9.54-9.61 vs 3.48-3.50 / 5.14-5.18 / 8.52-8.58;
+//  - one persistent CTA per SM, tiles through a 3-4 stage cp.async ring, x held in registers as
+//    bf16 hi/lo fragments: 4.23-4.31 / 6.06-6.14 / 8.79-8.88 vs 3.45-3.50 / 5.10-5.19 / 8.34-8.49.
+// They read fewer bytes (each distinct expert once); why they are slower is not measured (no
+// profiler run). All three passed the parity tests they were run against (the first and last
+// Parity.MoeExperts; the second only MoeWithAdd and MoeBf16Activations, which it passed).
 #include <algorithm>
 #include <cstdlib>
 

@@ -224,7 +224,7 @@ void launch(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
   using TL = Tile<BM, WM, WN, kSplit>;
   constexpr size_t kSmem = static_cast<size_t>(STAGES) * TL::kStageElems * sizeof(__nv_bfloat16);
   auto* kernel = grouped_gemm_kernel<BM, WM, WN, STAGES, kGateUp, kSplit>;
-  static std::atomic<uint64_t> smem_devices;  // the opt-in is per device
+  static SmemGrants smem_devices;
   allow_smem(kernel, static_cast<int>(kSmem), smem_devices);
   const int64_t cols = kGateUp ? kGateCols : kBRows;
   // Column blocks fastest. Tiles fastest (an expert's tiles side by side, so that a second tile's
@@ -374,7 +374,7 @@ template <bool kGateUp, bool kSplit>
 void launch_skinny(const KernelArgs& args, int64_t max_tiles, cudaStream_t s) {
   auto* kernel = grouped_skinny_kernel<kGateUp, kSplit>;
   constexpr size_t kSmem = kSkSmem<kSplit>;
-  static std::atomic<uint64_t> smem_devices;
+  static SmemGrants smem_devices;
   allow_smem(kernel, static_cast<int>(kSmem), smem_devices);
   const int64_t cols = kGateUp ? kSkRows / 2 : kSkRows;
   const dim3 grid(static_cast<unsigned>((args.n + cols - 1) / cols), static_cast<unsigned>(max_tiles));

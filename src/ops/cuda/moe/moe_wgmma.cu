@@ -223,7 +223,7 @@ bool widths_ok(int64_t hidden, int64_t inter) {
 template <bool kGateUp, bool kSplit>
 void launch_split(const Args& a, const AlignedLayout& l, cudaStream_t s) {
   constexpr size_t smem = Pipe<kSplit>::kSmemBytes;
-  static std::atomic<uint64_t> smem_done{0};
+  static SmemGrants smem_done;
   allow_smem(expert_gemm_kernel<kGateUp, kSplit>, static_cast<int>(smem), smem_done);
   const int64_t ctas = int64_t{blocks_for(a.n, kGateUp ? kBN / 2 : kBN)} * l.max_tiles;
   KILN_REQUIRE(ctas < (int64_t{1} << 31), "moe wgmma: " + std::to_string(ctas) + " tiles exceed the grid");

@@ -278,7 +278,7 @@ void gate_gemm(const float* x, const float* w, float* out, int64_t T, int64_t E,
                "router: " + std::to_string(splits) + " gate GEMM slices of " + std::to_string(nk) + " k steps");
   const bool vec = H % 4 == 0 && aligned16(x) && aligned16(w);
   auto* kernel = vec ? gate_gemm_kernel<true> : gate_gemm_kernel<false>;
-  static std::atomic<uint64_t> smem_done[2];  // past 48 KiB of shared memory: opted in per device
+  static SmemGrants smem_done[2];
   allow_smem(kernel, kSmem, smem_done[vec ? 1 : 0]);
   const dim3 grid(blocks_for(E, kExperts), blocks_for(T, kTokens), static_cast<unsigned>(splits));
   launch_pdl(kernel, grid, dim3(kThreads), kSmem, s, x, w, out, T, E, H, steps);
