@@ -53,18 +53,36 @@ TEST(Parity, RouterWithFusedGate) {
   struct Shape {
     int64_t tokens, experts, hidden, top_k, groups, topk_groups;
     bool bf16_gate = false;
+    bool ties = false;  // zero gate and bias: every score ties, and the lower index must win
   };
-  for (Shape r :
-       {Shape{1, 64, 2048, 6, 1, 1}, Shape{2, 64, 2048, 6, 1, 1}, Shape{3, 256, 7168, 8, 8, 4},
-        Shape{4, 8, 90, 2, 4, 2}, Shape{2, 4, 64, 2, 1, 1}, Shape{5, 64, 96, 6, 1, 1}, Shape{6, 72, 2048, 6, 1, 1},
-        Shape{8, 512, 7168, 8, 8, 4}, Shape{8, 384, 100, 8, 1, 1}, Shape{9, 64, 2048, 6, 1, 1},
-        Shape{64, 64, 2048, 6, 1, 1}, Shape{256, 72, 100, 6, 1, 1}, Shape{257, 64, 2048, 6, 1, 1},
-        Shape{300, 256, 512, 8, 8, 4}, Shape{1000, 64, 2050, 6, 1, 1}, Shape{333, 72, 100, 6, 1, 1},
-        Shape{520, 512, 99, 8, 8, 4}, Shape{1000, 64, 2048, 6, 1, 1, true}, Shape{8000, 64, 2048, 6, 1, 1, true}}) {
+  for (Shape r : {Shape{1, 64, 2048, 6, 1, 1},
+                  Shape{2, 64, 2048, 6, 1, 1},
+                  Shape{3, 256, 7168, 8, 8, 4},
+                  Shape{4, 8, 90, 2, 4, 2},
+                  Shape{2, 4, 64, 2, 1, 1},
+                  Shape{5, 64, 96, 6, 1, 1},
+                  Shape{6, 72, 2048, 6, 1, 1},
+                  Shape{8, 512, 7168, 8, 8, 4},
+                  Shape{8, 384, 100, 8, 1, 1},
+                  Shape{9, 64, 2048, 6, 1, 1},
+                  Shape{64, 64, 2048, 6, 1, 1},
+                  Shape{256, 72, 100, 6, 1, 1},
+                  Shape{257, 64, 2048, 6, 1, 1},
+                  Shape{300, 256, 512, 8, 8, 4},
+                  Shape{1000, 64, 2050, 6, 1, 1},
+                  Shape{333, 72, 100, 6, 1, 1},
+                  Shape{520, 512, 99, 8, 8, 4},
+                  Shape{1000, 64, 2048, 6, 1, 1, true},
+                  Shape{8000, 64, 2048, 6, 1, 1, true},
+                  Shape{1, 64, 2048, 6, 1, 1, false, true},
+                  Shape{3, 72, 96, 6, 1, 1, false, true},
+                  Shape{2, 256, 7168, 8, 8, 4, false, true},
+                  Shape{300, 64, 2048, 6, 1, 1, false, true}}) {
     const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
     auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
     if (r.bf16_gate) gate = bf16_round(gate);
-    const auto bias = randn(static_cast<size_t>(r.experts), 23, 0.05f);
+    auto bias = randn(static_cast<size_t>(r.experts), 23, 0.05f);
+    if (r.ties) std::fill(gate.begin(), gate.end(), 0.0f), std::fill(bias.begin(), bias.end(), 0.0f);
     std::vector<float> w[2], logits[2];
     std::vector<int32_t> ids[2];
     ops::Backend* be[2] = {cpu.get(), gpu.get()};

@@ -76,9 +76,11 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     name_ = std::string("cuda (") + prop.name + ")";
+    cuda::kernel_trace_begin();
   }
   ~CudaBackend() override {
     profile_.reset();  // prints, while the stream still exists
+    cuda::kernel_trace_end();
     cudaStreamDestroy(stream_);
   }
 

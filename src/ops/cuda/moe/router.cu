@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kWarps * 32) router_kernel(RouterParams p) {
   pdl_wait();
   pdl_trigger();
   if (t >= p.num_tokens) return;
-  route_token(p, p.logits + t * p.num_experts, t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+  route_token(p, p.logits + t * p.num_experts, p.bias, t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
 }
 
 // router_kernel after a gate GEMM split over H (router_gate_gemm.cu): each token's logits are the
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kWarps * 32) route_sum_kernel(RouterParams p, 
     p.gate_logits[t * E + e] = v;
   }
   __syncwarp();
-  route_token(p, logit_s[warp], t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+  route_token(p, logit_s[warp], p.bias, t, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
 }
 
 // Gate logits of expert e = blockIdx.x for the T tokens of chunk blockIdx.y (decode batches of 9 to

@@ -14,9 +14,17 @@
 // the thread's groups, then by warp_sum, then over the warps in warp order (the same bits on every
 // run). With an input norm, every CTA sums the squares of x + residual in the same pass and writes
 // its eighth of normed_x.
+//
+// Constants before the wait (session 12): a CTA copies its experts' gate rows, the bias and the
+// norm weight into shared memory with cp.async while the kernel before it still runs (when they
+// fit: Moonlight's 64 x 2048 take 74 KB a CTA; DeepSeek-V3's 256 x 7168 do not and are prefetched
+// into L2 as before). With route_token ranking every expert at once, single-stream steps went
+// from 2.64 to 2.50-2.53 ms (H200; KILN_ROUTER_STAGE=0 for the A/B).
 #include <cooperative_groups.h>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/env.h"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/router_internal.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -28,6 +36,8 @@ namespace cg = cooperative_groups;
 constexpr int kCtas = 8;      // the portable cluster size
 constexpr int kWarps = 8;     // per CTA
 constexpr int kExpChunk = 8;  // experts whose dot products a thread carries at once
+// Most dynamic shared memory the staged form takes (with the T = 8 kernel's ~37 KB of static).
+constexpr size_t kMaxStagedBytes = 160 * 1024;
 
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -36,9 +46,32 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
+// Shared memory for the constants a CTA copies before the wait (staged form): its experts' gate
+// rows, the bias, the norm weight (its own dtype); 0 when they do not fit or are misaligned.
+size_t staged_bytes(const RouterParams& p) {
+  const int64_t H = p.hidden, E = p.num_experts, per_cta = (E + kCtas - 1) / kCtas;
+  const size_t esz = p.norm_weight_dtype == DType::BF16 ? 2 : 4;
+  const size_t bytes = static_cast<size_t>(per_cta * H + E) * 4 + (p.norm_weight ? H * esz : 0);
+  const bool ok = H % 4 == 0 && E % 4 == 0 && aligned16(p.gate_weight) && aligned16(p.bias) &&
+                  (!p.norm_weight || (aligned16(p.norm_weight) && H * esz % 16 == 0)) && bytes <= kMaxStagedBytes;
+  return ok ? bytes : 0;
+}
+
+// Copies [src, src + bytes) to shared dst with every thread of the CTA (16-byte chunks).
+__device__ __forceinline__ void copy_async(void* dst, const void* src, int64_t bytes) {
+  for (int64_t i = threadIdx.x; i < bytes / 16; i += kWarps * 32)
+    cp_async16(static_cast<uint4*>(dst) + i, static_cast<const uint4*>(src) + i, true);
+}
+
+// Kernel-trace stamps (trace_phase, kernel_trace.h): 0 constants landed, 4 dot products done, 1 logits
+// stored, 2 cluster synchronised, 3 routed. H200, Moonlight, one token (session 12): 0.3, 3.5, 4.3,
+// 5.4 and 10.1 us after the release (10.2 us on the step's critical path; 14 before the constants
+// were staged and the top-k ranked at once).
 template <int T, bool kNorm>
-__global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gate_route_cluster_kernel(RouterParams p) {
-  __shared__ float logit_s[T][kMaxExperts];  // rank 0's: every CTA stores its experts' logits here
+__global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32)
+    gate_route_cluster_kernel(RouterParams p, bool staged) {
+  extern __shared__ __align__(16) float const_s[];  // staged: gate rows [per_cta][H], bias [E], norm weight [H]
+  __shared__ float logit_s[T][kMaxExperts];         // rank 0's: every CTA stores its experts' logits here
   __shared__ float part_s[kWarps][kExpChunk][T];
   __shared__ float ss_s[kWarps][T];
   __shared__ float inv_s[T];
@@ -51,13 +84,31 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
   const int64_t E = p.num_experts, H = p.hidden, per_cta = (E + kCtas - 1) / kCtas;
   const int64_t e0 = rank * per_cta, e1 = min(E, e0 + per_cta);
   const int tokens = static_cast<int>(p.num_tokens);
-  // The gate rows are constant: start them towards L2 while the kernel before this one finishes.
-  for (int64_t e = e0 + threadIdx.x; e < e1; e += kWarps * 32)
-    if (H % 4 == 0 && aligned16(p.gate_weight + e * H))
-      prefetch_l2(p.gate_weight + e * H, static_cast<uint32_t>(H * 4));
+  // The gate rows, bias and norm weight are constant: copy them into shared memory (staged) or
+  // start them towards L2 while the kernel before this one finishes.
+  float* bias_s = const_s + per_cta * H;
+  void* nw_s = bias_s + E;
+  if (staged) {
+    copy_async(const_s, p.gate_weight + e0 * H, (e1 - e0) * H * 4);
+    copy_async(bias_s, p.bias, E * 4);
+    if (kNorm) copy_async(nw_s, p.norm_weight, H * (p.norm_weight_dtype == DType::BF16 ? 2 : 4));
+    cp_async_commit();
+  } else {
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += kWarps * 32)
+      if (H % 4 == 0 && aligned16(p.gate_weight + e * H))
+        prefetch_l2(p.gate_weight + e * H, static_cast<uint32_t>(H * 4));
+  }
   cluster_arrive_relaxed();  // this CTA has started: the others may store into its shared memory
   pdl_wait();
   pdl_trigger();
+  if (staged) {
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  trace_phase(0);
+  const float* bias = staged ? bias_s : p.bias;
+  const void* nw_base = staged ? nw_s : p.norm_weight;
+  auto gate_row = [&](int64_t e) { return staged ? const_s + (e - e0) * H : p.gate_weight + e * H; };
 
   const float* res = kNorm ? p.norm_residual : nullptr;
   const bool nbf16 = p.norm_weight_dtype == DType::BF16;
@@ -73,7 +124,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
     return b;
   };
   auto in1 = [&](int t, int64_t c) { return kNorm && res ? p.x[t * H + c] + res[t * H + c] : p.x[t * H + c]; };
-  auto norm_w = [&](int64_t c) { return kNorm ? load_w(p.norm_weight, c, nbf16) : 1.0f; };
+  auto norm_w = [&](int64_t c) { return kNorm ? load_w(nw_base, c, nbf16) : 1.0f; };
 
   bool first = true;  // the squares of x + residual ride in the first chunk's pass
   for (int64_t c0 = e0; c0 < e1 || (kNorm && first); c0 += kExpChunk) {
@@ -97,7 +148,8 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
 #pragma unroll
         for (int j = 0; j < kExpChunk; ++j) {
           if (j >= n) break;
-          float4 a = __ldcs(reinterpret_cast<const float4*>(p.gate_weight + (c0 + j) * H) + u);
+          float4 a = staged ? reinterpret_cast<const float4*>(gate_row(c0 + j))[u]
+                            : __ldcs(reinterpret_cast<const float4*>(gate_row(c0 + j)) + u);
           if constexpr (kNorm) a = make_float4(a.x * nw.x, a.y * nw.y, a.z * nw.z, a.w * nw.w);  // folded
 #pragma unroll
           for (int t = 0; t < T; ++t)
@@ -116,7 +168,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
 #pragma unroll
         for (int j = 0; j < kExpChunk; ++j) {
           if (j >= n) break;
-          const float a = p.gate_weight[(c0 + j) * H + u] * norm_w(u);
+          const float a = gate_row(c0 + j)[u] * norm_w(u);
 #pragma unroll
           for (int t = 0; t < T; ++t)
             if (t < tokens) acc[j][t] += a * b[t];
@@ -128,6 +180,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
         }
       }
     }
+    if (first) trace_phase(4);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
 #pragma unroll
@@ -164,6 +217,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
     __syncthreads();  // part_s is free for the next chunk
   }
   if (first) cluster_wait();  // a CTA without experts (E < 8) still pairs its arrive
+  trace_phase(1);
   if constexpr (kNorm) {
     // This CTA's eighth of the experts' input, each column written once across the cluster.
     const int64_t slice = (H + kCtas - 1) / kCtas, c1 = min(H, (rank + 1) * slice);
@@ -171,14 +225,25 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32) gat
       for (int t = 0; t < tokens; ++t) p.normed_x[t * H + c] = norm_w(c) * (in1(t, c) * inv_s[t]);
   }
   cluster.sync();  // every CTA's logits are in rank 0's shared memory
+  trace_phase(2);
   if (rank != 0) return;
-  if (warp < tokens) route_token(p, logit_s[warp], warp, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+  if (warp < tokens) route_token(p, logit_s[warp], bias, warp, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+  trace_phase(3);
+}
+
+// KILN_ROUTER_STAGE=0: the constants go to L2 only (prefetch), for the A/B.
+bool router_stage() {
+  static const bool v = env_int("KILN_ROUTER_STAGE", 1, 0, 1) != 0;
+  return v;
 }
 
 template <int T>
 void launch(const RouterParams& p, cudaStream_t s) {
   auto* kernel = p.norm_weight ? gate_route_cluster_kernel<T, true> : gate_route_cluster_kernel<T, false>;
-  launch_pdl(kernel, dim3(kCtas), dim3(kWarps * 32), 0, s, p);
+  const size_t smem = router_stage() ? staged_bytes(p) : 0;
+  static SmemGrants grants[2];  // one per kernel
+  if (smem) allow_smem(kernel, static_cast<int>(smem), grants[p.norm_weight ? 1 : 0]);
+  launch_pdl(kernel, dim3(kCtas), dim3(kWarps * 32), smem, s, p, smem > 0);
 }
 
 }  // namespace
