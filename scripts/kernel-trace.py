@@ -2,8 +2,11 @@
 """Reads a KILN_KERNEL_TRACE file (src/ops/cuda/kernel_trace.h) and prints where a step's
 critical path goes: each kernel's cost is the time from its release (the kernel before it done)
 to the next kernel's release. Kernels that never call pdl_wait are not in the trace; their time
-lands on the traced kernel before them. Gaps longer than --gap-us (host work between steps) are
-left out. trace_phase() stamps print as times after their kernel's release.
+lands on the traced kernel before them. A kernel followed by a gap longer than --gap-us (host work
+between steps: each step's last traced kernel, the sampler's) has no cost and is left out, so the
+totals are sums over the traced kernels, not whole steps; eager launches (a prefill) are in them
+too. trace_phase() stamps print as times after their kernel's release. "early" is how long before
+its release CTA 0 reached its wait.
 
 Usage: scripts/kernel-trace.py TRACE.csv [--gap-us 400] [--json OUT] [--step]
 """
@@ -54,21 +57,25 @@ def main():
     table = []
     for key, v in by_kernel.items():
         s = sum(v["cost"])
-        table.append({"kernel": key, "launches": len(v["cost"]), "total_us": s, "share": s / total,
-                      "median_us": statistics.median(v["cost"]), "resident_before_release_us": statistics.median(v["early"]),
-                      "phase_median_us": {ph: statistics.median(t) for ph, t in sorted(v["phases"].items())}})
+        table.append({
+            "kernel": key, "launches": len(v["cost"]), "total_us": s, "share": s / total,
+            "median_us": statistics.median(v["cost"]),
+            "waiting_before_release_us": statistics.median(v["early"]),
+            "phase_median_us": {ph: statistics.median(t) for ph, t in sorted(v["phases"].items())},
+        })
     table.sort(key=lambda t: -t["total_us"])
-    print(f"{'kernel [ctas x threads]':60s} {'launches':>8s} {'total ms':>9s} {'share':>6s} {'median us':>9s} {'early us':>8s}")
+    print(f"{'kernel [ctas x threads]':60s} {'launches':>8s} {'total ms':>9s} {'share':>6s} "
+          f"{'median us':>9s} {'early us':>8s}")
     for t in table:
         print(f"{t['kernel'][:60]:60s} {t['launches']:8d} {t['total_us'] / 1e3:9.3f} {100 * t['share']:5.1f}% "
-              f"{t['median_us']:9.2f} {t['resident_before_release_us']:8.2f}")
+              f"{t['median_us']:9.2f} {t['waiting_before_release_us']:8.2f}")
     for t in table:
         if t["phase_median_us"]:
             stamps = ", ".join(f"phase {ph} at {us:.2f}" for ph, us in t["phase_median_us"].items())
             print(f"  {t['kernel'][:60]}: after its release, {stamps} us (median)")
-    print(f"critical path inside steps: {total / 1e3:.3f} ms over {sum(t['launches'] for t in table)} launches")
+    print(f"sum over the traced kernels: {total / 1e3:.3f} ms, {sum(t['launches'] for t in table)} launches")
     if args.step:
-        print("\nlast uninterrupted chain (cost us = release to next release; early us = resident before release):")
+        print("\nlast uninterrupted chain (cost us = release to next release; early us = at its wait before release):")
         for name, ctas, threads, cost, early in chain:
             print(f"  {name[:48]:48s} {ctas:6d}x{threads:<4d} {cost:8.2f} {early:8.2f}")
     if args.json:

@@ -53,7 +53,8 @@ TEST(Parity, RouterWithFusedGate) {
   struct Shape {
     int64_t tokens, experts, hidden, top_k, groups, topk_groups;
     bool bf16_gate = false;
-    bool ties = false;  // zero gate and bias: every score ties, and the lower index must win
+    bool ties = false;         // zero gate and bias: every score ties, and the lower index must win
+    float bias_offset = 0.0f;  // < -1: every kept score is negative, below the 0.0 of dropped groups
   };
   for (Shape r : {Shape{1, 64, 2048, 6, 1, 1},
                   Shape{2, 64, 2048, 6, 1, 1},
@@ -77,12 +78,16 @@ TEST(Parity, RouterWithFusedGate) {
                   Shape{1, 64, 2048, 6, 1, 1, false, true},
                   Shape{3, 72, 96, 6, 1, 1, false, true},
                   Shape{2, 256, 7168, 8, 8, 4, false, true},
-                  Shape{300, 64, 2048, 6, 1, 1, false, true}}) {
+                  Shape{300, 64, 2048, 6, 1, 1, false, true},
+                  Shape{4, 128, 96, 8, 8, 4, false, true},
+                  Shape{3, 64, 2048, 6, 8, 2, false, false, -5.0f},
+                  Shape{2, 256, 512, 8, 8, 4, false, false, -5.0f}}) {
     const auto x = randn(static_cast<size_t>(r.tokens * r.hidden), 21);
     auto gate = randn(static_cast<size_t>(r.experts * r.hidden), 22, 0.05f);
     if (r.bf16_gate) gate = bf16_round(gate);
     auto bias = randn(static_cast<size_t>(r.experts), 23, 0.05f);
     if (r.ties) std::fill(gate.begin(), gate.end(), 0.0f), std::fill(bias.begin(), bias.end(), 0.0f);
+    for (float& b : bias) b += r.bias_offset;
     std::vector<float> w[2], logits[2];
     std::vector<int32_t> ids[2];
     ops::Backend* be[2] = {cpu.get(), gpu.get()};

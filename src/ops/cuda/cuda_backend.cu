@@ -10,6 +10,7 @@
 #include "ops/backend.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kernel_trace.h"
 #include "ops/cuda/op_profile.h"
 #include "ops/cuda/pdl.cuh"
 

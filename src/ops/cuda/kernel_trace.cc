@@ -40,12 +40,11 @@ void point_all_at(KernelTraceRecord* buf) {
   for (const void* s : symbols()) check(cudaMemcpyToSymbol(s, &buf, sizeof(buf)), "cudaMemcpyToSymbol");
 }
 
-void write_trace() {  // under mu(), ring set
+void write_trace() {  // under mu(), ring set; kernel_trace_end frees it
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::vector<KernelTraceRecord> recs(2 * kKernelTraceSlots);
   check(cudaMemcpy(recs.data(), ring, recs.size() * sizeof(KernelTraceRecord), cudaMemcpyDeviceToHost), "cudaMemcpy");
   point_all_at(nullptr);
-  check(cudaFree(ring), "cudaFree");
   std::erase_if(recs, [](const KernelTraceRecord& r) { return r.grid_id == 0; });
   std::sort(recs.begin(), recs.end(), [](const auto& a, const auto& b) { return a.enter_ns < b.enter_ns; });
   std::map<uint64_t, std::string> names;  // the name strings live in the kernels' modules
@@ -74,7 +73,7 @@ void write_trace() {  // under mu(), ring set
                  static_cast<unsigned long long>(r.enter_ns), static_cast<unsigned long long>(r.release_ns),
                  static_cast<unsigned long long>(r.ctas), static_cast<unsigned long long>(r.threads));
   std::fclose(f);
-  spdlog::info("KILN_KERNEL_TRACE: {} kernels written to {}", recs.size(), trace_path());
+  spdlog::warn("KILN_KERNEL_TRACE: {} kernels written to {}", recs.size(), trace_path());
 }
 
 }  // namespace
@@ -85,15 +84,27 @@ bool register_kernel_trace_symbol(const void* symbol) {
   return true;
 }
 
-void kernel_trace_begin() {
+void kernel_trace_begin() noexcept {
   if (!trace_path()) return;
   std::lock_guard<std::mutex> lock(mu());
   if (ring) return;
   const size_t bytes = 2 * kKernelTraceSlots * sizeof(KernelTraceRecord);
-  check(cudaMalloc(&ring, bytes), "cudaMalloc");
-  check(cudaMemset(ring, 0, bytes), "cudaMemset");
-  point_all_at(ring);
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  try {
+    check(cudaMalloc(&ring, bytes), "cudaMalloc");
+    check(cudaMemset(ring, 0, bytes), "cudaMemset");
+    point_all_at(ring);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  } catch (const std::exception& e) {  // a diagnostic must not stop the backend: run untraced
+    spdlog::warn("{} (tracing off)", e.what());
+    try {
+      point_all_at(nullptr);
+    } catch (const std::exception&) {
+    }
+    if (ring) cudaFree(ring);
+    cudaGetLastError();
+    ring = nullptr;
+    return;
+  }
   spdlog::warn("KILN_KERNEL_TRACE: stamping every PDL kernel's start into {} ({} translation units)", trace_path(),
                symbols().size());
 }
@@ -106,6 +117,8 @@ void kernel_trace_end() noexcept {
   } catch (const std::exception& e) {  // a diagnostic must not take the process down at exit
     spdlog::warn("{}", e.what());
   }
+  cudaFree(ring);
+  cudaGetLastError();
   ring = nullptr;
 }
 

@@ -1,8 +1,9 @@
 // A kernel timeline from inside CUDA graphs (KILN_KERNEL_TRACE=file), where neither the op profile
 // (events: graphs off) nor Nsight Compute (one kernel at a time) can see how programmatic dependent
 // launch overlaps a decode step's kernels. Thread 0 of CTA 0 of every kernel that calls pdl_wait()
-// stamps the global timer before and after the wait: "enter" is when the kernel's first CTA was
-// resident, "release" when the kernel before it had finished and flushed. The difference between
+// stamps the global timer before and after the wait: "enter" is when CTA 0 reached its wait (after
+// whatever it does before it: a kernel that copies weights first was resident earlier than that),
+// "release" when the kernel before it had finished and flushed. The difference between
 // consecutive releases is each kernel's cost on the step's critical path. scripts/kernel-trace.py
 // reads the file. Off (the default), the cost is one load and a branch per kernel.
 #pragma once
@@ -30,7 +31,7 @@ constexpr uint64_t kKernelTraceSlots = uint64_t{1} << 16;  // a power of two
 // points them all at one buffer.
 bool register_kernel_trace_symbol(const void* symbol);
 // If KILN_KERNEL_TRACE is set: allocates the ring on the current device and turns tracing on.
-void kernel_trace_begin();
+void kernel_trace_begin() noexcept;
 // Writes the records (CSV: grid_id, kernel, enter_ns, release_ns, ctas, threads, by enter time)
 // to the file KILN_KERNEL_TRACE names, and frees the ring. No-op when tracing is off.
 void kernel_trace_end() noexcept;

@@ -27,6 +27,8 @@
 
 namespace kiln::ops::cuda {
 
+// pdl_wait() and trace_phase() record through this translation unit's own pointer to the kernel
+// trace ring, so they live in its anonymous namespace with it.
 namespace {
 // This translation unit's pointer to the kernel trace ring (kernel_trace.h); null: not tracing.
 __device__ KernelTraceRecord* g_kernel_trace = nullptr;
@@ -36,12 +38,6 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-}  // namespace
-
-inline bool pdl_enabled() {
-  static const bool on = env_int("KILN_PDL", 1) != 0;
-  return on;
 }
 
 // Waits until the previous kernel in the stream has completed and flushed its writes. `kernel`
@@ -84,6 +80,12 @@ __device__ __forceinline__ void trace_phase(int phase) {
   trace[kKernelTraceSlots + ((id * 8 + phase) & (kKernelTraceSlots - 1))] =
       KernelTraceRecord{id + 1, 0, t, t, 0, static_cast<uint64_t>(phase)};
 #endif
+}
+}  // namespace
+
+inline bool pdl_enabled() {
+  static const bool on = env_int("KILN_PDL", 1) != 0;
+  return on;
 }
 
 // Lets the next kernel in the stream start launching (once every CTA here has called it or exited).

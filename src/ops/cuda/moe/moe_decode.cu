@@ -177,7 +177,11 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1) gate_up
 // tokens, the down projection per expert (each distinct row once for all its slots, partial sums,
 // then a combine launch): 169 + 5 us against 121 us at 8 tokens (H200, Nsight Compute). Also
 // slower (session 10): the gate/up CTAs prefetching the chosen experts' down rows into L2 once the
-// routing is known (single-stream steps 2.71-2.74 vs 2.59-2.61 ms).
+// routing is known (single-stream steps 2.71-2.74 vs 2.59-2.61 ms). And (session 12) each CTA's
+// rows copied into shared memory by the bulk-copy engine before the wait (one cp.async.bulk per
+// row, issued by one thread; 128 threads, 80 registers, 22.5 KB a CTA), so that the CTAs resident
+// during the gate/up tail hold every byte in flight without registers: much slower, 2.78-2.82 vs
+// 2.57 ms at batch 1 and 10.30-10.32 vs 8.54-8.61 at batch 8 (H200, same binary, env switch).
 constexpr int kSegChunks = 6;  // 8 spilled at 64 registers
 
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(DecodeArgs a, bool vec) {

@@ -133,6 +133,11 @@ void router(const RouterParams& p, cudaStream_t s) {
   KILN_REQUIRE(p.num_experts <= kMaxExperts && p.n_group <= kMaxGroups && p.top_k <= kMaxTopK,
                "router: " + std::to_string(p.num_experts) + " experts / " + std::to_string(p.n_group) +
                    " groups / top-" + std::to_string(p.top_k) + " exceed the kernel limits (512 / 64 / 16)");
+  KILN_REQUIRE(p.n_group > 0 && p.num_experts % p.n_group == 0 && p.topk_group <= p.n_group &&
+                   p.top_k <= p.topk_group * (p.num_experts / p.n_group),
+               "router: " + std::to_string(p.num_experts) + " experts cannot be split into " +
+                   std::to_string(p.n_group) + " groups keeping " + std::to_string(p.topk_group) + " for top-" +
+                   std::to_string(p.top_k));
   if (p.num_tokens == 0) return;
   KILN_REQUIRE(!p.x || (p.gate_weight && p.gate_logits && p.hidden > 0),
                "router: a fused gate needs its weight, output and width");

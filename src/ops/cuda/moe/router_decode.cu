@@ -16,10 +16,10 @@
 // its eighth of normed_x.
 //
 // Constants before the wait (session 12): a CTA copies its experts' gate rows, the bias and the
-// norm weight into shared memory with cp.async while the kernel before it still runs (when they
-// fit: Moonlight's 64 x 2048 take 74 KB a CTA; DeepSeek-V3's 256 x 7168 do not and are prefetched
-// into L2 as before). With route_token ranking every expert at once, single-stream steps went
-// from 2.64 to 2.50-2.53 ms (H200; KILN_ROUTER_STAGE=0 for the A/B).
+// norm weight into shared memory with cp.async before its wait (when they fit: Moonlight's 64 x
+// 2048 take 68 KB a CTA; DeepSeek-V3's 256 x 7168 do not and are prefetched into L2 as before).
+// Single-stream steps on H200, KILN_ROUTER_STAGE=0 for the A/B: 2.64-2.67 -> 2.51-2.53 ms (with
+// route_token's ranking in both arms; before the ranking, 2.66-2.67 -> 2.59-2.60 in another run).
 #include <cooperative_groups.h>
 
 #include "ops/cuda/cuda_common.cuh"
