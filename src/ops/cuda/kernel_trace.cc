@@ -116,6 +116,10 @@ void kernel_trace_end() noexcept {
     write_trace();
   } catch (const std::exception& e) {  // a diagnostic must not take the process down at exit
     spdlog::warn("{}", e.what());
+    try {
+      point_all_at(nullptr);  // no kernel may write into the ring once it is freed
+    } catch (const std::exception&) {
+    }
   }
   cudaFree(ring);
   cudaGetLastError();

@@ -31,7 +31,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
+#include "ops/cuda/pdl.cuh"  // pdl_wait is per translation unit: include this header from one .cu only
 
 namespace kiln::ops::cuda {
 namespace mma_decode {

@@ -11,7 +11,7 @@
 
 namespace kiln::ops::cuda::router_detail {
 
-constexpr int kMaxExperts = 512;
+constexpr int kMaxExperts = 512;  // <= 32 x 32: route_token's per-lane taken mask
 constexpr int kMaxGroups = 64;
 constexpr int kMaxTopK = 16;
 // Up to this many experts route_token ranks every expert at once; more take top_k rounds.
@@ -104,17 +104,17 @@ __device__ inline void route_token(const RouterParams& p, const float* logits, c
       if (rank < k) ids[rank] = e;
     }
   } else {
+    // Taken experts are marked in their lane's mask (bit n: expert lane + 32 n), not by a -inf
+    // score, which real scores may also hold.
+    uint32_t taken = 0;
     for (int j = 0; j < k; ++j) {
       float v = -INFINITY;
       int i = -1;
-      for (int e = lane; e < E; e += 32)
-        if (i < 0 || choice[e] > v) v = choice[e], i = e;
+      for (int e = lane, n = 0; e < E; e += 32, ++n)
+        if (!((taken >> n) & 1) && (i < 0 || choice[e] > v)) v = choice[e], i = e;
       warp_best(v, i);
-      if (lane == 0) {
-        ids[j] = i;
-        choice[i] = -INFINITY;  // taken
-      }
-      __syncwarp();
+      if (lane == 0) ids[j] = i;
+      if (i % 32 == lane) taken |= 1u << (i / 32);
     }
   }
   __syncwarp();
