@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(LinearHeadsParams
 // kGemvWarps · k bf16. Measured and left out (session 10): x copied into shared memory too, every
 // thread's loads issued at once, so the dot products wait for one round trip instead of k / 256
 // (same single-stream steps, 2.64 / 2.59 vs 2.64 / 2.54 ms; 3.81 vs 3.67 at two rows). Also left
-// out (session 12): this kernel preferring the most shared memory (pdl.cuh's set_smem_carveout), so
+// out (session 12): this kernel preferring the most shared memory (the carveout attribute), so
 // that o_proj keeps W_uv's L1/shared split and becomes resident while W_uv runs: the two cost 6.7
 // instead of 9.4 us a layer in the kernel trace, but whole single-stream steps took 2.53 / 2.53 vs
 // 2.50 / 2.51 ms (H200).

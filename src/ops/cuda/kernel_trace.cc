@@ -40,11 +40,23 @@ void point_all_at(KernelTraceRecord* buf) {
   for (const void* s : symbols()) check(cudaMemcpyToSymbol(s, &buf, sizeof(buf)), "cudaMemcpyToSymbol");
 }
 
+// Unhooks every translation unit (no kernel may write into the ring once it is freed) and frees
+// the ring; never throws.
+void release_ring() noexcept {
+  try {
+    point_all_at(nullptr);
+  } catch (const std::exception& e) {
+    spdlog::warn("{}", e.what());
+  }
+  cudaFree(ring);
+  cudaGetLastError();
+  ring = nullptr;
+}
+
 void write_trace() {  // under mu(), ring set; kernel_trace_end frees it
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::vector<KernelTraceRecord> recs(2 * kKernelTraceSlots);
   check(cudaMemcpy(recs.data(), ring, recs.size() * sizeof(KernelTraceRecord), cudaMemcpyDeviceToHost), "cudaMemcpy");
-  point_all_at(nullptr);
   std::erase_if(recs, [](const KernelTraceRecord& r) { return r.grid_id == 0; });
   std::sort(recs.begin(), recs.end(), [](const auto& a, const auto& b) { return a.enter_ns < b.enter_ns; });
   std::map<uint64_t, std::string> names;  // the name strings live in the kernels' modules
@@ -96,13 +108,7 @@ void kernel_trace_begin() noexcept {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   } catch (const std::exception& e) {  // a diagnostic must not stop the backend: run untraced
     spdlog::warn("{} (tracing off)", e.what());
-    try {
-      point_all_at(nullptr);
-    } catch (const std::exception&) {
-    }
-    if (ring) cudaFree(ring);
-    cudaGetLastError();
-    ring = nullptr;
+    release_ring();
     return;
   }
   spdlog::warn("KILN_KERNEL_TRACE: stamping every PDL kernel's start into {} ({} translation units)", trace_path(),
@@ -116,14 +122,8 @@ void kernel_trace_end() noexcept {
     write_trace();
   } catch (const std::exception& e) {  // a diagnostic must not take the process down at exit
     spdlog::warn("{}", e.what());
-    try {
-      point_all_at(nullptr);  // no kernel may write into the ring once it is freed
-    } catch (const std::exception&) {
-    }
   }
-  cudaFree(ring);
-  cudaGetLastError();
-  ring = nullptr;
+  release_ring();
 }
 
 }  // namespace kiln::ops::cuda

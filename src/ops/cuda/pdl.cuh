@@ -16,9 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
 #include <utility>
-#include <vector>
 
 #include "ops/cuda/env.h"
 
@@ -39,11 +37,17 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+__device__ __forceinline__ uint64_t grid_id() {
+  uint64_t id;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(id));
+  return id;
+}
 
 // Waits until the previous kernel in the stream has completed and flushed its writes. `kernel`
 // names the caller in the kernel trace.
 __device__ __forceinline__ void pdl_wait(const char* kernel = __builtin_FUNCTION()) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Only thread 0 of CTA 0 loads the ring pointer: the branch keeps the load out of the others.
   KernelTraceRecord* trace = nullptr;
   uint64_t enter = 0;
   if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0) {
@@ -52,8 +56,7 @@ __device__ __forceinline__ void pdl_wait(const char* kernel = __builtin_FUNCTION
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (trace) {
-    uint64_t id;
-    asm volatile("mov.u64 %0, %%gridid;" : "=l"(id));
+    const uint64_t id = grid_id();
     KernelTraceRecord& r = trace[id & (kKernelTraceSlots - 1)];
     r = KernelTraceRecord{id + 1,
                           reinterpret_cast<uint64_t>(kernel),
@@ -74,8 +77,7 @@ __device__ __forceinline__ void trace_phase(int phase) {
   if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
   KernelTraceRecord* trace = g_kernel_trace;
   if (!trace) return;
-  uint64_t id;
-  asm volatile("mov.u64 %0, %%gridid;" : "=l"(id));
+  const uint64_t id = grid_id();
   const uint64_t t = global_timer_ns();
   trace[kKernelTraceSlots + ((id * 8 + phase) & (kKernelTraceSlots - 1))] =
       KernelTraceRecord{id + 1, 0, t, t, 0, static_cast<uint64_t>(phase)};
@@ -102,29 +104,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// Prefers `percent` (0-100) of the SM's unified L1/shared memory as shared memory for `kernel` on
-// the current device (cudaFuncAttributePreferredSharedMemoryCarveout), once per kernel and device.
-// Why it matters here: an SM changes its L1/shared split only when idle, so a kernel whose split
-// differs from the one still running there cannot become resident early under programmatic
-// dependent launch (the kernel trace shows it: "early" near 0).
-inline void set_smem_carveout(const void* kernel, int percent) {
-  static std::mutex mu;
-  static std::vector<std::pair<int, const void*>> done;
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& d : done)
-    if (d.first == dev && d.second == kernel) return;
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
-  done.emplace_back(dev, kernel);
-}
-// KILN_SMEM_CARVEOUT=percent: the same preference for every kernel launch_pdl launches (A/B
-// switch; unset leaves each kernel's own).
-inline int smem_carveout_override() {
-  static const int v = static_cast<int>(env_int("KILN_SMEM_CARVEOUT", -1, -1, 100));
-  return v;
-}
-
 // kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the previous kernel's tail. The
 // kernel must call pdl_wait() before it reads anything but constants or writes anything at all;
 // the one exception reads data that kernels before its immediate predecessor wrote (see below).
@@ -140,7 +119,6 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  if (smem_carveout_override() >= 0) set_smem_carveout(reinterpret_cast<const void*>(kernel), smem_carveout_override());
   KILN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
