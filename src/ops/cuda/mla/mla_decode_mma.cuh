@@ -190,6 +190,7 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
       qf[ks][3] = pack_bf16(e.x, e.y);
     }
   }
+  trace_phase(0);  // kernel trace (CTA 0: split 0 of head group 0): q loaded, tiles attended, merged
 
   float o[kWarpCols / 8][4];
 #pragma unroll
@@ -303,6 +304,7 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
     cp_async_commit();
   }
   cp_async_wait<0>();  // nothing may land in shared memory after the CTA exits
+  trace_phase(1);
 
   // Merge up a binary tree whose leaves are the splits with rows, in split order: node n of level
   // k covers splits [n << k, (n + 1) << k) and is always combined as left ⊕ right, whichever CTA
@@ -367,6 +369,7 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   }
 
   // The root (or the only split): normalise. l is 0 only for a row with no visible rows.
+  trace_phase(2);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t h = h0 + g + 8 * r;

@@ -92,12 +92,14 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
   const int64_t t = blockIdx.x, half = p.rope_dim / 2;
   for (int64_t i = threadIdx.x; i < half; i += kThreads)
     rot_s[i] = rope_cos_sin(p.inv_freq[i], p.positions[t], p.attention_factor);
+  trace_phase(0);  // kernel trace (CTA 0: token 0): rotation, norm, latent row written, q_pe written
 
   // The latent row. block_rms_inv's barriers also publish rot_s for everything below.
   const float* kva = p.kva + t * p.kva_stride;
   float sum_sq = 0;
   for (int64_t i = threadIdx.x; i < p.kv_lora; i += kThreads) sum_sq += kva[i] * kva[i];
   const float inv = block_rms_inv(sum_sq, p.kv_lora, p.eps, red);
+  trace_phase(1);
   const bool w_bf16 = p.norm_weight_dtype == DType::BF16, pool_bf16 = p.pool_dtype == DType::BF16;
   const int64_t dst = static_cast<int64_t>(p.slots[t]) * (p.kv_lora + p.rope_dim);
   for (int64_t i = threadIdx.x; i < p.kv_lora; i += kThreads)
@@ -109,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
     store_kv(p.pool, dst + p.kv_lora + ab.a, xa, pool_bf16);
     store_kv(p.pool, dst + p.kv_lora + ab.b, xb, pool_bf16);
   }
+  trace_phase(2);
 
   // q_pe of every head: each thread reads its pair before writing it, so q_out may be q_in.
   for (int64_t j = threadIdx.x; j < p.num_heads * half; j += kThreads) {
@@ -121,6 +124,7 @@ __global__ void __launch_bounds__(kThreads) mla_prepare_kernel(MlaPrepareParams 
     out[ab.a] = xa;
     out[ab.b] = xb;
   }
+  trace_phase(3);
 }
 
 }  // namespace

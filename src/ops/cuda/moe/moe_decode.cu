@@ -119,19 +119,25 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
 constexpr int kSharedTokens = 4;
 
 // grid: ceil((S·G + T·k·I) / kWarps) CTAs, G = ceil(T / NT). Warp w < S·G is shared (j, token
-// group), the rest routed (w' = w - S·G: j = w' / slots, slot = w' % slots). The shared rows come
-// first: the CTAs that become resident while the router still runs are the low ones, and only
-// shared rows (constant) can be prefetched before the wait. Routed warps next to each other share j, so
-// slots that chose the same expert read the same row at about the same time: the second read hits
-// L2, and a batch pays DRAM for the distinct experts, not for every slot.
+// group), the rest routed (w' = w - S·G: j = w' / slots, slot = w' % slots). Routed warps next to
+// each other share j, so slots that chose the same expert read the same row at about the same
+// time: the second read hits L2, and a batch pays DRAM for the distinct experts, not for every slot.
+// Not done by default (session 13, H200): the resident shared warps prefetching their rows into
+// L2 while the router runs (`prefetch`, KILN_MOE_SHARED_PREFETCH=1). 23 MB pulled through HBM
+// then slowed the router, a chain of latency-bound steps, by more than it saved here: router
+// 14.9 -> 11.1 us and gate/up 24.6 -> 25.1 us a layer without it (kernel trace), single-stream
+// steps 2.50-2.53 -> 2.45-2.51 ms. Nor (session 13) did these warps computing the input norm
+// themselves and running before the wait (the router slowed by what gate/up saved; batch 8 9.4
+// against 8.5 ms).
 template <int CHUNK, int NT>  // CHUNK: 16-byte gate loads per lane and pass (as many up loads with them)
-__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1) gate_up_kernel(DecodeArgs a, bool vec) {
+__global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
+    gate_up_kernel(DecodeArgs a, bool vec, bool prefetch) {
   const int lane = threadIdx.x & 31;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + NT - 1) / NT, shared = a.S * groups;
   // The shared rows are constant: start them towards L2 while the router finishes. Routed rows
   // depend on its choice, so they wait.
-  if (vec && lane == 0 && w < shared && w % groups == 0) {
+  if (prefetch && vec && lane == 0 && w < shared && w % groups == 0) {
     const int64_t j = w / groups;
     prefetch_l2(a.s_gate_up + j * a.H, static_cast<uint32_t>(a.H * 2));
     prefetch_l2(a.s_gate_up + (a.S + j) * a.H, static_cast<uint32_t>(a.H * 2));
@@ -268,6 +274,7 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
       H % 8 == 0 && aligned16(p.x) && aligned16(p.w_gate_up) && (S == 0 || aligned16(p.w_shared_gate_up));
   const bool vec_d =
       I % 8 == 0 && S % 8 == 0 && aligned16(a.act) && aligned16(p.w_down) && (S == 0 || aligned16(p.w_shared_down));
+  static const bool prefetch = env_int("KILN_MOE_SHARED_PREFETCH", 0, 0, 1) != 0;  // see gate_up_kernel
   const int nt = T == 1 ? 1 : kSharedTokens;
   const int64_t groups = (T + nt - 1) / nt;
   // 4 gate + 4 up loads in flight per lane measured the same as 8 + 8 (2.90 vs 2.91 ms per
@@ -275,7 +282,7 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
   // striding over tasks) made this op faster alone (47.7 vs 49.1 us) but whole steps slower with
   // programmatic dependent launch (3.00 vs 2.91 ms), so every task keeps its own warp.
   launch_pdl(nt == 1 ? gate_up_kernel<4, 1> : gate_up_kernel<4, kSharedTokens>,
-             dim3(blocks_for(T * k * I + S * groups, kWarps)), dim3(kWarps * 32), 0, s, a, vec_gu);
+             dim3(blocks_for(T * k * I + S * groups, kWarps)), dim3(kWarps * 32), 0, s, a, vec_gu, prefetch);
   launch_pdl(down_combine_kernel, dim3(static_cast<unsigned>(T * H)), dim3(kWarps * 32), 0, s, a, vec_d);
 }
 

@@ -63,21 +63,78 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src, int64_t b
     cp_async16(static_cast<uint4*>(dst) + i, static_cast<const uint4*>(src) + i, true);
 }
 
+// The routing of every token by all of rank 0's warps, not one warp a token: each token gets
+// 256 / T' threads (T' = tokens rounded up to a power of two), and each expert Q of them (Q <= 32:
+// 4 at one token and 64 experts). A thread counts the experts of its slice (every Q-th) that rank
+// above its expert in the order (choice descending, index ascending on ties), shuffles add the Q
+// counts up, and a chosen expert's thread stores its id and sigmoid at its rank; threads j < top_k
+// of a token write its weights, the normaliser summed in choice order as the reference does.
+// H200, Moonlight (session 13, KILN_ROUTER_CTA_RANK=0 runs route_token, one warp a token, for the
+// A/B): one warp ranking 64 experts took 3.1 us, its lanes' 128 compares one after another (a
+// thread here makes 16); the routing after the cluster barrier 3.6 -> 2.2 us, single-stream steps
+// 2.49-2.54 -> 2.42-2.46 ms, batch 2 3.41-3.43 -> 3.36-3.40, batch 4 and 8 within spread. Also
+// tried and slower: one warp with 4 scores to a 16-byte load (6.8 us to rank: why is not
+// measured), and rank 0 routing garbage before the wait to fetch the code early (no change).
+template <int T>
+__device__ void route_tokens(const RouterParams& p, int tokens, const float (&logits)[T][kMaxExperts],
+                             const float* bias, float (&choice)[T][kMaxExperts], float (&gscore)[T][kMaxGroups],
+                             int (&ids)[T][kMaxTopK], float (&sig)[T][kMaxTopK]) {
+  const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp < tokens) route_choice(p, logits[warp], bias, lane, choice[warp], gscore[warp]);
+  __syncthreads();
+  trace_phase(5);
+  int groups = 1;  // threads of a token: a power of two, at least a warp
+  while (groups < tokens) groups *= 2;
+  const int per_token = kWarps * 32 / groups, t = threadIdx.x / per_token, r = threadIdx.x % per_token;
+  int q_lanes = 1;  // lanes of an expert: a power of two, aligned in their warp
+  while (q_lanes < 32 && q_lanes * 2 * E <= per_token) q_lanes *= 2;
+  const int q = r % q_lanes, stride = per_token / q_lanes;
+  // The same trip count in every thread: the shuffles below need their whole warp.
+  for (int base = 0; base < E; base += stride) {
+    const int e = base + r / q_lanes;
+    const bool mine = t < tokens && e < E;
+    int rank = 0;
+    if (mine) {
+      const float v = choice[t][e];
+      for (int f = q; f < E; f += q_lanes) {
+        const float w = choice[t][f];
+        rank += w > v || (w == v && f < e);
+      }
+    }
+    for (int o = q_lanes / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (mine && q == 0 && rank < k) {
+      ids[t][rank] = e;
+      sig[t][rank] = 1.0f / (1.0f + expf(-logits[t][e]));
+    }
+  }
+  __syncthreads();
+  trace_phase(6);
+  if (t < tokens && r < k) {
+    float denom = 0.0f;
+    for (int j = 0; j < k; ++j) denom += sig[t][j];
+    p.topk_ids[t * k + r] = ids[t][r];
+    p.topk_weights[t * k + r] = route_weight(p, sig[t][r], denom);
+  }
+  trace_phase(7);
+}
+
 // Kernel-trace stamps (trace_phase, kernel_trace.h): 0 constants landed, 4 dot products done, 1 logits
-// stored, 2 cluster synchronised, 3 routed. H200, Moonlight, one token (session 12): 0.3, 3.5, 4.3,
-// 5.4 and 10.1 us after the release (10.2 us on the step's critical path; 14 before the constants
-// were staged and the top-k ranked at once).
+// stored, 2 cluster synchronised, 3 routed (route_tokens' 5, 6 and 7 in between). H200, Moonlight,
+// one token (session 12): 0.3, 3.5, 4.3, 5.4 and 10.1 us after the release (10.2 us on the step's critical path; 14
+// before the constants were staged and the top-k ranked at once).
 template <int T, bool kNorm>
 __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32)
-    gate_route_cluster_kernel(RouterParams p, bool staged) {
+    gate_route_cluster_kernel(RouterParams p, bool staged, bool cta_rank) {
   extern __shared__ __align__(16) float const_s[];  // staged: gate rows [per_cta][H], bias [E], norm weight [H]
   __shared__ float logit_s[T][kMaxExperts];         // rank 0's: every CTA stores its experts' logits here
   __shared__ float part_s[kWarps][kExpChunk][T];
   __shared__ float ss_s[kWarps][T];
   __shared__ float inv_s[T];
-  __shared__ float choice_s[T][kMaxExperts];
+  __shared__ __align__(16) float choice_s[T][kMaxExperts];
   __shared__ float gscore_s[T][kMaxGroups];
   __shared__ int ids_s[T][kMaxTopK];
+  __shared__ float sig_s[T][kMaxTopK];  // the chosen experts' sigmoids in choice order
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -227,7 +284,10 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32)
   cluster.sync();  // every CTA's logits are in rank 0's shared memory
   trace_phase(2);
   if (rank != 0) return;
-  if (warp < tokens) route_token(p, logit_s[warp], bias, warp, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
+  if (cta_rank)
+    route_tokens<T>(p, tokens, logit_s, bias, choice_s, gscore_s, ids_s, sig_s);
+  else if (warp < tokens)
+    route_token(p, logit_s[warp], bias, warp, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
   trace_phase(3);
 }
 
@@ -243,7 +303,8 @@ void launch(const RouterParams& p, cudaStream_t s) {
   const size_t smem = router_stage() ? staged_bytes(p) : 0;
   static SmemGrants grants[2];  // one per kernel
   if (smem) allow_smem(kernel, static_cast<int>(smem), grants[p.norm_weight ? 1 : 0]);
-  launch_pdl(kernel, dim3(kCtas), dim3(kWarps * 32), smem, s, p, smem > 0);
+  static const bool cta_rank = env_int("KILN_ROUTER_CTA_RANK", 1, 0, 1) != 0;  // 0: route_token, for the A/B
+  launch_pdl(kernel, dim3(kCtas), dim3(kWarps * 32), smem, s, p, smem > 0, cta_rank);
 }
 
 }  // namespace

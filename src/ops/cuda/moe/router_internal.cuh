@@ -46,11 +46,11 @@ __device__ __forceinline__ void warp_best(float& v, int& i) {
   }
 }
 
-// Routes token t from its logits row (shared or global memory) with one warp; every lane returns
-// and lanes below top_k write the token's ids and weights. bias is p.bias or a copy of it in shared memory;
-// choice [E], gscore [G], ids [top_k] are the warp's own shared scratch.
-__device__ inline void route_token(const RouterParams& p, const float* logits, const float* bias, int64_t t, int lane,
-                                   float* choice, float* gscore, int* ids) {
+// The score each expert is chosen by, with one warp: choice[e] = sigmoid(logits[e]) + bias[e], the
+// experts of dropped groups at 0.0 (as the reference). logits and bias (p.bias or a copy of it)
+// in shared or global memory; choice [E] and gscore [G] are the warp's own shared scratch.
+__device__ inline void route_choice(const RouterParams& p, const float* logits, const float* bias, int lane,
+                                    float* choice, float* gscore) {
   const int E = static_cast<int>(p.num_experts), G = static_cast<int>(p.n_group), per = E / G;
   for (int e = lane; e < E; e += 32) {
     const float c = 1.0f / (1.0f + expf(-logits[e])) + bias[e];
@@ -87,7 +87,20 @@ __device__ inline void route_token(const RouterParams& p, const float* logits, c
       if (!((kept >> (e / per)) & 1)) choice[e] = 0.0f;
     __syncwarp();
   }
-  const int k = static_cast<int>(p.top_k);
+}
+
+// The weight of a chosen expert from its logit; denom: the sum of the chosen experts' sigmoids in
+// choice order (the reference's order).
+__device__ __forceinline__ float route_weight(const RouterParams& p, float sig, float denom) {
+  return (p.norm_topk_prob ? sig / (denom + 1e-20f) : sig) * p.routed_scaling_factor;
+}
+
+// Routes token t from its logits row with one warp (route_choice's arguments); every lane returns
+// and lanes below top_k write the token's ids and weights; ids [top_k] is the warp's own scratch.
+__device__ inline void route_token(const RouterParams& p, const float* logits, const float* bias, int64_t t, int lane,
+                                   float* choice, float* gscore, int* ids) {
+  route_choice(p, logits, bias, lane, choice, gscore);
+  const int E = static_cast<int>(p.num_experts), k = static_cast<int>(p.top_k);
   if (E <= kRankExperts) {
     // Each expert's rank in the order (choice descending, index ascending on ties): the experts
     // ranked below k are those the k rounds below pick, in the same order, but every lane ranks its
@@ -123,9 +136,8 @@ __device__ inline void route_token(const RouterParams& p, const float* logits, c
   float denom = 0.0f;
   for (int j = 0; j < k; ++j) denom += __shfl_sync(0xffffffffu, s, j);
   if (lane < k) {
-    const float w = p.norm_topk_prob ? s / (denom + 1e-20f) : s;
     p.topk_ids[t * k + lane] = ids[lane];
-    p.topk_weights[t * k + lane] = w * p.routed_scaling_factor;
+    p.topk_weights[t * k + lane] = route_weight(p, s, denom);
   }
 }
 
