@@ -387,6 +387,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
   };
 
   OwnedTensor o = scratch(T, nh * vd);  // [T, nh, v]
+  OwnedTensor lat;                      // absorbed form: [T, nh, kv_lora], attention in the latent space
   if (form == MlaForm::Auto) form = in.all_single ? MlaForm::Absorbed : MlaForm::Expanded;
   const ops::PagedKv paged = in.paged(pool, l);
 
@@ -418,16 +419,21 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     // q folded through W_uk (q_lat) with the roped q_pe beside it, in the same op as the latent rows.
     OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]: q_lat ‖ q_pe
     prepare(qa.f32() + r, nh * row, row, qa.f32());
-    OwnedTensor lat = scratch(T, nh * r);  // [T, nh, kv_lora]
+    lat = scratch(T, nh * r);
     be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, T, lat.f32(), nh, r, rope, scale_});
-    // Fold W_uv into the output: v[h] = W_uv[h] · lat[h].
-    const size_t esz = dtype_size(w.kv_b.t.dtype);
-    const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
-    be_.linear_heads({lat.f32(), nh * r, r, wuv, (nope + vd) * r, w.kv_b.t.dtype, o.f32(), nh * vd, vd, nh, T, vd, r});
   }
   ops::LinearParams o_proj{o.f32(), 0, w.o_proj.t.data, w.o_proj.t.dtype, out, 0, T, H, nh * vd};
   o_proj.add = pending;  // out = attention + pending
-  be_.linear(o_proj);
+  if (form == MlaForm::Expanded) {
+    be_.linear(o_proj);
+    return;
+  }
+  // Fold W_uv into the output, v[h] = W_uv[h] · lat[h], then o_proj: one op (one launch on CUDA
+  // for a single stream).
+  const size_t esz = dtype_size(w.kv_b.t.dtype);
+  const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
+  be_.heads_then_linear(
+      {lat.f32(), nh * r, r, wuv, (nope + vd) * r, w.kv_b.t.dtype, o.f32(), nh * vd, vd, nh, T, vd, r}, o_proj);
 }
 
 void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float* out, int64_t T) {

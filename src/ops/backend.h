@@ -68,6 +68,13 @@ class Backend {
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void linear(const LinearParams& p) = 0;
   virtual void linear_heads(const LinearHeadsParams& p) = 0;
+  // linear_heads(heads) then linear(proj), where proj reads what heads writes (the absorbed
+  // attention's W_uv, then o_proj; proj.y must not overlap heads.y): a backend may run them as one
+  // (CUDA, one decode row).
+  virtual void heads_then_linear(const LinearHeadsParams& heads, const LinearParams& proj) {
+    linear_heads(heads);
+    linear(proj);
+  }
   virtual void add(const AddParams& p) = 0;
   virtual void swiglu(const SwigluParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;

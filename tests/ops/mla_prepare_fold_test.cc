@@ -1,8 +1,10 @@
-// The W_uk fold inside mla_prepare (the absorbed form's attention prologue in one launch): the
-// fused op against linear_heads + the unfused op on the CPU (bitwise), and CUDA against the CPU.
+// The absorbed form's folds in fused ops: the W_uk fold inside mla_prepare (the attention prologue
+// in one launch), the fused op against linear_heads + the unfused op on the CPU (bitwise), and CUDA
+// against the CPU; and the W_uv fold with o_proj (heads_then_linear, the epilogue).
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "parity_util.h"
 
@@ -146,6 +148,61 @@ TEST(MlaParity, PrepareWithFold) {
     compare_pool(want.pool, got.pool, false, c.str(), written);  // an f32 pool
     if (HasFatalFailure()) return;
     EXPECT_EQ(written, c.tokens * c.row()) << c.str();
+  }
+}
+
+// Backend::heads_then_linear (W_uv per head, then o_proj with the residual added): CUDA runs one
+// row in one launch (heads_linear.cu), which must give the CPU's result and the same bits as the
+// two CUDA ops it replaces. Head counts 1-16 take it (Moonlight: 16 heads of 128 from 512, o_proj
+// 2048); 24 and more heads (over its 48 KB of staged rows), two rows and k % 8 != 0 run the two
+// ops, and must match as well (heads.n 40 with k 512 takes the one launch). That the one launch
+// ran shows in the kernel trace (heads_linear_kernel), not here.
+TEST(MlaParity, HeadsThenLinear) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  struct S {
+    int64_t m, heads, n, k, out;
+    bool add;
+  };
+  uint64_t seed = 1200;
+  for (const S s : {S{1, 16, 128, 512, 2048, true}, S{1, 1, 128, 512, 2048, true}, S{1, 5, 128, 512, 1000, false},
+                    S{1, 8, 128, 512, 2048, true}, S{1, 12, 128, 512, 1536, true}, S{1, 16, 64, 512, 777, true},
+                    S{1, 24, 128, 512, 2048, true}, S{1, 64, 128, 512, 1024, true}, S{1, 128, 128, 512, 1024, false},
+                    S{2, 16, 128, 512, 2048, true}, S{1, 5, 40, 90, 300, true}, S{1, 5, 40, 512, 300, true}}) {
+    const int64_t xs = s.heads * s.k, ks = s.heads * s.n;
+    const auto x = randn(static_cast<size_t>(s.m * xs), ++seed);
+    const auto w_uv = bf16_round(randn(static_cast<size_t>(s.heads * s.n * s.k), ++seed, 0.05f));
+    const auto w_o = bf16_round(randn(static_cast<size_t>(s.out * ks), ++seed, 0.05f));
+    const auto add = randn(static_cast<size_t>(s.m * s.out), ++seed);
+    // y (and the intermediate v) of one backend, fused into one op or as the two ops.
+    auto run = [&](ops::Backend& be, bool fused) {
+      const DType wt = be.device() == Device::CPU ? DType::F32 : DType::BF16;
+      auto tx = put(be, x), tuv = put(be, w_uv, wt), to = put(be, w_o, wt), ta = put(be, add);
+      auto tv = poisoned(be, static_cast<size_t>(s.m * ks)), ty = poisoned(be, static_cast<size_t>(s.m * s.out));
+      const ops::LinearHeadsParams heads{tx.f32(), xs,  s.k,     tuv.t.data, s.n * s.k, wt, tv.f32(),
+                                         ks,       s.n, s.heads, s.m,        s.n,       s.k};
+      ops::LinearParams proj{tv.f32(), 0, to.t.data, wt, ty.f32(), 0, s.m, s.out, ks};
+      if (s.add) proj.add = ta.f32();
+      if (fused) {
+        be.heads_then_linear(heads, proj);
+      } else {
+        be.linear_heads(heads);
+        be.linear(proj);
+      }
+      return std::pair{get(be, tv), get(be, ty)};
+    };
+    const std::string what = std::to_string(s.m) + " rows, " + std::to_string(s.heads) + " heads of " +
+                             std::to_string(s.n) + " from " + std::to_string(s.k) + ", out " + std::to_string(s.out);
+    const auto want = run(*cpu, true), got = run(*gpu, true), two = run(*gpu, false);
+    EXPECT_LE(norm_err(want.first, got.first), 1e-4) << what;
+    EXPECT_LE(norm_err(want.second, got.second), 1e-4) << what;
+    EXPECT_EQ(0, std::memcmp(got.second.data(), two.second.data(), got.second.size() * sizeof(float))) << what;
+    EXPECT_EQ(0, std::memcmp(got.first.data(), two.first.data(), got.first.size() * sizeof(float))) << what;
+    // Launch after launch on one stream (the barrier's counters carry over), fresh poison each time.
+    for (int again = 0; again < 20; ++again) {
+      const auto next = run(*gpu, true);
+      ASSERT_EQ(0, std::memcmp(got.second.data(), next.second.data(), got.second.size() * sizeof(float))) << what;
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 #include "ops/backend.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/kernel_trace.h"
 #include "ops/cuda/op_profile.h"
 #include "ops/cuda/pdl.cuh"
@@ -167,6 +168,10 @@ class CudaBackend final : public Backend {
          "lane; f32 activations); more: " +
              gemm_.name() + "; an input RMSNorm runs first as its own kernel, which the GEMV after it overlaps"},
         {"linear_heads", "<=8 rows: the same GEMV over all heads in one launch; more: one batched cuBLASLt GEMM"},
+        {"heads_then_linear",
+         "one row (the absorbed attention's W_uv, then o_proj), a CTA's rows of both in 48 KB: one cooperative "
+         "kernel, both weight tiles copied into shared memory before the previous kernel ends, a grid barrier "
+         "between the two GEMVs (KILN_HEADS_LINEAR=0: off); otherwise linear_heads, then linear"},
         {"mla prefill",
          "kiln flash MLA, expanded form, one CTA per (head, 128-query tile), any head count: qk 192 / v 128: "
          "wgmma (sm_90a) over bf16 swizzled K/V^T tile images made once per call from the kv_b_proj output and "
@@ -224,6 +229,11 @@ class CudaBackend final : public Backend {
                  std::to_string(p.k);
         },
         [&] { gemm_.linear_heads(p, stream_); });
+  }
+  void heads_then_linear(const LinearHeadsParams& heads, const LinearParams& proj) override {
+    if (!cuda::heads_linear_fits(heads, proj)) return Backend::heads_then_linear(heads, proj);
+    run([&] { return "heads_then_linear m1 " + std::to_string(heads.heads * heads.n) + "+" + std::to_string(proj.n); },
+        [&] { cuda::launch_heads_linear(heads, proj, stream_); });
   }
   void add(const AddParams& p) override {
     run("add", [&] { cuda::add(p, stream_); });

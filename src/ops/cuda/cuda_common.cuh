@@ -88,6 +88,12 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&out)[8]) {
   }
 }
 
+// The 8 weights wf dotted with x [a, b], in the one order every decode GEMV uses (the fused
+// heads_linear kernel must give the same bits as the GEMVs it replaces).
+__device__ __forceinline__ float dot8(const float (&wf)[8], const float4& a, const float4& b) {
+  return wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+}
+
 // acc[t] += the 8 bf16 weights in v · x[t * x_stride + col, +8) for t < rows (x 16-byte aligned):
 // the inner step of every decode GEMV over bf16 weights and f32 activations.
 template <int M>
@@ -100,8 +106,7 @@ __device__ __forceinline__ void dot8_accumulate(const uint4& v, const float* x, 
     if (t >= rows) break;
     const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col));
     const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * x_stride + col + 4));
-    acc[t] +=
-        wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+    acc[t] += dot8(wf, a, b);
   }
 }
 

@@ -37,7 +37,7 @@ __device__ __forceinline__ float4 load_w4(const void* w, int64_t i, bool bf16) {
 // `preload` (KILN_NORM_PRELOAD=0 turns it off, for the A/B), each thread's first kPreW float4 of
 // the weights, which are constant, are in registers before the wait instead of requested from DRAM
 // after the reduction, and its first kPreW of x + residual stay in registers for the second pass.
-// H200 (session 13): the single-stream input norm's body 4.8 -> 2.3 us after its release (kernel
+// H200 (session 13): the single-stream input norm's body 4.8 -> 2.0-2.3 us after its release (kernel
 // trace), single-stream steps 2.56-2.66 -> 2.53-2.60 ms in two runs.
 constexpr int kPreW = 2;
 __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf16, bool vec, bool preload) {

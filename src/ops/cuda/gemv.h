@@ -15,4 +15,10 @@ constexpr int kGemvMaxRows = 8;
 // ~16 mantissa bits), whatever the backend's activation dtype.
 void launch_gemv(const LinearHeadsParams& p, const float* add, cudaStream_t s);
 
+// Backend::heads_then_linear in one launch (heads_linear.cu) when it fits: one row, bf16 weights,
+// heads.y the dense input of proj (proj.y must not overlap it), a CTA's rows of both and proj's x
+// in 48 KB, the grid resident at once. launch_heads_linear requires heads_linear_fits.
+bool heads_linear_fits(const LinearHeadsParams& heads, const LinearParams& proj);
+void launch_heads_linear(const LinearHeadsParams& heads, const LinearParams& proj, cudaStream_t s);
+
 }  // namespace kiln::ops::cuda

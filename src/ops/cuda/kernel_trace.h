@@ -5,7 +5,7 @@
 // whatever it does before it: a kernel that copies weights first was resident earlier than that),
 // "release" when the kernel before it had finished and flushed. The difference between
 // consecutive releases is each kernel's cost on the step's critical path. scripts/kernel-trace.py
-// reads the file. Off (the default), the cost is one load and a branch per kernel.
+// reads the file. Off (the default), the cost is one constant-memory load and a branch per kernel.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +15,10 @@ namespace kiln::ops::cuda {
 // One record per launch, in a ring indexed by the launch's grid id (no atomics on the GPU); a
 // second ring of the same size holds trace_phase() stamps (ctas 0, threads = the phase). A CUDA
 // graph's replays reuse their grid ids, so the file holds each graph's last replay (a whole decode
-// step) and every eager launch that the ring still holds. A stamp lands one global load (the ring
-// pointer) after the point it marks.
+// step) and every eager launch that the ring still holds. A stamp lands one constant-memory load
+// (the ring pointer) after the point it marks. A stamp that CTA 0 does not reach in the last
+// replay (the MLA decode kernel's merge, carried by whichever split finishes second) keeps an
+// earlier replay's time under the same grid id, so such medians mix replays.
 struct KernelTraceRecord {
   uint64_t grid_id;        // %gridid + 1 (0: an empty slot)
   uint64_t name;           // device address of the kernel's name (__builtin_FUNCTION)

@@ -124,19 +124,19 @@ constexpr int kSharedTokens = 4;
 // time: the second read hits L2, and a batch pays DRAM for the distinct experts, not for every slot.
 // Not done by default (session 13, H200): the resident shared warps prefetching their rows into
 // L2 while the router runs (`prefetch`, KILN_MOE_SHARED_PREFETCH=1). 23 MB pulled through HBM
-// then slowed the router, a chain of latency-bound steps, by more than it saved here: router
-// 14.9 -> 11.1 us and gate/up 24.6 -> 25.1 us a layer without it (kernel trace), single-stream
-// steps 2.50-2.53 -> 2.45-2.51 ms. Nor (session 13) did these warps computing the input norm
-// themselves and running before the wait (the router slowed by what gate/up saved; batch 8 9.4
-// against 8.5 ms).
+// then slowed the router, a chain of latency-bound steps, by more than it saved here: without it
+// the router took 3.7 us less a layer and gate/up 0.5 us more (kernel trace, run 4, the binary
+// of a since-reverted ranking), and single-stream steps went 2.50-2.53 -> 2.45-2.51 ms (run 5,
+// same binary). Nor did these warps computing the input norm themselves and running before the
+// wait (run 1: gate/up 3.6 us faster, the router 3.6 us slower; batch 8 9.4 against 8.5 ms).
 template <int CHUNK, int NT>  // CHUNK: 16-byte gate loads per lane and pass (as many up loads with them)
 __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
     gate_up_kernel(DecodeArgs a, bool vec, bool prefetch) {
   const int lane = threadIdx.x & 31;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + NT - 1) / NT, shared = a.S * groups;
-  // The shared rows are constant: start them towards L2 while the router finishes. Routed rows
-  // depend on its choice, so they wait.
+  // With `prefetch` (off by default, see above) the shared rows, which are constant, start towards
+  // L2 while the router finishes. Routed rows depend on its choice, so they wait.
   if (prefetch && vec && lane == 0 && w < shared && w % groups == 0) {
     const int64_t j = w / groups;
     prefetch_l2(a.s_gate_up + j * a.H, static_cast<uint32_t>(a.H * 2));

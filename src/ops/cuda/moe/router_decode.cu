@@ -71,10 +71,16 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src, int64_t b
 // of a token write its weights, the normaliser summed in choice order as the reference does.
 // H200, Moonlight (session 13, KILN_ROUTER_CTA_RANK=0 runs route_token, one warp a token, for the
 // A/B): one warp ranking 64 experts took 3.1 us, its lanes' 128 compares one after another (a
-// thread here makes 16); the routing after the cluster barrier 3.6 -> 2.2 us, single-stream steps
-// 2.49-2.54 -> 2.42-2.46 ms, batch 2 3.41-3.43 -> 3.36-3.40, batch 4 and 8 within spread. Also
-// tried and slower: one warp with 4 scores to a 16-byte load (6.8 us to rank: why is not
-// measured), and rank 0 routing garbage before the wait to fetch the code early (no change).
+// thread here makes 16); the routing after the cluster barrier 3.6 -> 2.2 us (run 5),
+// single-stream steps 2.49-2.54 -> 2.42-2.46 ms, batch 2 3.41-3.43 -> 3.36-3.40, batch 4 within
+// spread (run 7). Tried and slower: one warp with 4 scores to a 16-byte load (6.8 us to rank: why
+// is not measured). Tried, no change: rank 0 routing garbage before the wait to fetch the code.
+// Up to 4 tokens (64 threads or more a token) and kRankExperts experts: past them a thread's
+// compares are as many as route_token's lanes make (5-8 tokens: 32 threads a token; batch 8's
+// router took 19.8 against 19.0 us this way, H200 run 7), or its ranking of E² pairs outgrows the
+// warp's top_k rounds of argmax (more than 128 experts).
+constexpr int kCtaRankTokens = 4;
+
 template <int T>
 __device__ void route_tokens(const RouterParams& p, int tokens, const float (&logits)[T][kMaxExperts],
                              const float* bias, float (&choice)[T][kMaxExperts], float (&gscore)[T][kMaxGroups],
@@ -284,7 +290,7 @@ __global__ void __cluster_dims__(kCtas, 1, 1) __launch_bounds__(kWarps * 32)
   cluster.sync();  // every CTA's logits are in rank 0's shared memory
   trace_phase(2);
   if (rank != 0) return;
-  if (cta_rank)
+  if (cta_rank && tokens <= kCtaRankTokens && E <= kRankExperts)
     route_tokens<T>(p, tokens, logit_s, bias, choice_s, gscore_s, ids_s, sig_s);
   else if (warp < tokens)
     route_token(p, logit_s[warp], bias, warp, lane, choice_s[warp], gscore_s[warp], ids_s[warp]);
