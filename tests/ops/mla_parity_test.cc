@@ -11,6 +11,8 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parity_util.h"
 
@@ -133,14 +135,18 @@ TEST(MlaParity, AbsorbedBf16PoolAcrossHeadsContextsBatches) {
 
 // The tensor-core kernel merges its splits in the same launch, through counters each launch must
 // leave at zero and in an order fixed by split index: the same call twice is bitwise equal. Contexts
-// sit on either side of split boundaries: one query row takes the 4-stage kernel (128 rows a split
-// at least; on a 132-SM GPU 8192 rows fill 64 splits of 128), 9+ rows the 2-stage one (64 rows at
-// least), 24 heads two-tile CTAs (64 rows at least).
+// sit on either side of split boundaries: one query row of up to 16 heads takes the 4-stage cluster
+// kernel (one cluster of 8 splits up to 1024 rows, 32-128 rows a split; past that 128 rows a split
+// at least, clusters merged up the tree: 8192 rows fill 64 splits, 8 clusters), 2-8 rows the
+// 4-stage tree kernel (128 rows a split at least), 9+ rows the 2-stage one (64 rows at least), 24
+// heads two-tile CTAs (64 rows at least).
 TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
   std::vector<DecodeCase> cases;
-  for (int32_t ctx : {64, 65, 128, 129, 256, 257, 8192, 8193}) cases.push_back({16, {ctx}, 1});
+  for (int32_t ctx : {32, 33, 64, 65, 128, 129, 256, 257, 1024, 1025, 8192, 8193}) cases.push_back({16, {ctx}, 1});
+  for (int32_t ctx : {0, 200, 1100, 3000}) cases.push_back({5, {ctx}, 1});  // heads past 5 masked
+  cases.push_back({16, {1025, 0, 9000}, 2});                                // 6 query rows
   for (int32_t ctx : {64, 65, 128, 129}) cases.push_back({16, std::vector<int32_t>(9, ctx), 1});
   cases.push_back({24, {129, 4000}, 2});
   cases.push_back({24, {64, 65, 128, 129}, 1});
@@ -159,8 +165,9 @@ TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
 // stream (as in a decode step). The tensor-core decode kernel requests the tiles of earlier rows
 // before it waits for the kernel before it; a tile holding any new row must wait. The pool starts
 // with stale values in the new rows' slots, so reading one early changes the output. Contexts put
-// the new rows on either side of 32-row tile edges, 1-4 new rows per sequence, 16 heads (the
-// 4-stage kernel up to 8 query rows, the 2-stage one beyond) and 128 heads.
+// the new rows on either side of 32-row tile edges, 1-4 new rows per sequence, 16 heads (one query
+// row: the cluster kernel, whose 32-row splits can start at the new row; the 4-stage kernel up to 8
+// query rows, the 2-stage one beyond) and 128 heads.
 TEST(MlaParity, PrepareThenAbsorbedSeesTheNewRows) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
@@ -169,6 +176,7 @@ TEST(MlaParity, PrepareThenAbsorbedSeesTheNewRows) {
     for (int64_t heads : {16, 128}) cases.push_back({heads, {32, 33, 64, 129, 1000}, qn});
   cases.push_back({16, std::vector<int32_t>(12, 96), 1});  // 12 query rows: the 2-stage kernel
   cases.push_back({16, {31, 32, 33, 65}, 3});
+  for (int32_t ctx : {1, 33, 129, 1000, 1025, 5000}) cases.push_back({16, {ctx}, 1});  // one query row
   uint64_t seed = 1700;
   for (const auto& c : cases) {
     const auto in = make_decode(c, seed += 10);
@@ -242,16 +250,22 @@ TEST(MlaParity, AbsorbedF32Pool) {
 TEST(MlaParity, AbsorbedPaddingToSixteenHeadsIsHarmless) {
   KILN_NEED_GPU();
   auto& gpu = backends().gpu;
-  DecodeCase c12{12, {3000, 9000}, 2}, c16{16, {3000, 9000}, 2};
-  auto in16 = make_decode(c16, 7);
-  std::vector<float> q12;  // the same 12 heads, without the 4 extra heads of other data
-  for (int64_t r = 0; r < 4; ++r)
-    q12.insert(q12.end(), in16.q.begin() + r * 16 * kRow, in16.q.begin() + (r * 16 + 12) * kRow);
-  auto out12 = run_absorbed(*gpu, c12, q12, in16, DType::BF16);
-  auto out16 = run_absorbed(*gpu, c16, in16.q, in16, DType::BF16);
-  for (int64_t r = 0; r < 4; ++r)
-    for (int64_t i = 0; i < 12 * kLora; ++i)
-      ASSERT_EQ(out12[static_cast<size_t>(r * 12 * kLora + i)], out16[static_cast<size_t>(r * 16 * kLora + i)]);
+  // 4 query rows (the 4-stage tree kernel) and one (the cluster kernel, its clusters merged up the tree).
+  for (const auto& [lens, q_per_seq] :
+       std::vector<std::pair<std::vector<int32_t>, int64_t>>{{{3000, 9000}, 2}, {{9000}, 1}}) {
+    DecodeCase c12{12, lens, q_per_seq}, c16{16, lens, q_per_seq};
+    auto in16 = make_decode(c16, 7);
+    const int64_t rows = static_cast<int64_t>(lens.size()) * q_per_seq;
+    std::vector<float> q12;  // the same 12 heads, without the 4 extra heads of other data
+    for (int64_t r = 0; r < rows; ++r)
+      q12.insert(q12.end(), in16.q.begin() + r * 16 * kRow, in16.q.begin() + (r * 16 + 12) * kRow);
+    auto out12 = run_absorbed(*gpu, c12, q12, in16, DType::BF16);
+    auto out16 = run_absorbed(*gpu, c16, in16.q, in16, DType::BF16);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < 12 * kLora; ++i)
+        ASSERT_EQ(out12[static_cast<size_t>(r * 12 * kLora + i)], out16[static_cast<size_t>(r * 16 * kLora + i)])
+            << rows << " query rows";
+  }
 }
 
 // CPU only (runs in CI): a bf16 pool holding bf16-representable values gives exactly the f32

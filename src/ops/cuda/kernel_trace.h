@@ -16,9 +16,10 @@ namespace kiln::ops::cuda {
 // second ring of the same size holds trace_phase() stamps (ctas 0, threads = the phase). A CUDA
 // graph's replays reuse their grid ids, so the file holds each graph's last replay (a whole decode
 // step) and every eager launch that the ring still holds. A stamp lands one constant-memory load
-// (the ring pointer) after the point it marks. A stamp that CTA 0 does not reach in the last
-// replay (the MLA decode kernel's merge, carried by whichever split finishes second) keeps an
-// earlier replay's time under the same grid id, so such medians mix replays.
+// (the ring pointer) after the point it marks. Stamps come from thread 0 of CTA 0, or of one other
+// CTA a launch names (the MLA decode kernel's last split with rows). A stamp that its CTA does not
+// reach in the last replay (the tree kernel's MLA merge, carried by whichever split finishes
+// second) keeps an earlier replay's time under the same grid id, so such medians mix replays.
 struct KernelTraceRecord {
   uint64_t grid_id;        // %gridid + 1 (0: an empty slot)
   uint64_t name;           // device address of the kernel's name (__builtin_FUNCTION)

@@ -75,9 +75,12 @@ __device__ __forceinline__ void pdl_wait(const char* kernel = __builtin_FUNCTION
 
 // Kernel trace: thread 0 of CTA 0 stamps the time it reaches phase `phase` (0-7) of the kernel, to
 // split a kernel's time on the critical path (kernel_trace.h).
-__device__ __forceinline__ void trace_phase(int phase) {
+// `this_cta` stamps from thread 0 of the calling CTA instead; if several CTAs of a launch pass true
+// for one phase, the last to stamp wins.
+__device__ __forceinline__ void trace_phase(int phase, bool this_cta = false) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if ((threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+  if ((threadIdx.x | threadIdx.y | threadIdx.z) != 0 || (!this_cta && (blockIdx.x | blockIdx.y | blockIdx.z) != 0))
+    return;
   KernelTraceRecord* trace = g_kernel_trace;
   if (!trace) return;
   const uint64_t id = grid_id();
@@ -107,22 +110,34 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the previous kernel's tail. The
-// kernel must call pdl_wait() before it reads anything but constants or writes anything at all;
-// the one exception reads data that kernels before its immediate predecessor wrote (see below).
+// kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the previous kernel's tail, with
+// one more launch attribute when `extra` is set (a cluster shape, a cooperative launch), which
+// stays when KILN_PDL=0. The kernel must call pdl_wait() before it reads anything but constants or
+// writes anything at all; the one exception reads data that kernels before its immediate
+// predecessor wrote (see below).
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+void launch_pdl_with(const cudaLaunchAttribute* extra, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                     cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (extra) attrs[n++] = *extra;
+  if (pdl_enabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
   KILN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_pdl_with(nullptr, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace kiln::ops::cuda

@@ -246,25 +246,66 @@ int64_t mla_small_q() {
   return v;
 }
 
-// How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs), after
-// opting the kernel into its shared memory on the current device (the attribute is per device).
-template <int HT, int STAGES>
+// Query rows up to which 16-head decode splits in clusters of 8 CTAs that merge through
+// distributed shared memory (mla_decode_merge.cuh; KILN_MLA_CLUSTER_Q overrides it, 0: never).
+// Measured on H200 (session 14, run 4, kiln-gpu-bench's kernel lines and whole steps): one row,
+// the kernel alone 15.0 -> 9.2 / 24.1 -> 15.1 / 38.2 -> 27.4 us at 1k / 8k / 32k context (6.8 both
+// at 128), steps 2.38-2.42 -> 2.30-2.31 ms. Past one row the clusters cost parallelism at long
+// contexts: a row's splits come in eights, and at 8 rows the 15 clusters that fit an H200 leave one
+// per row (64 CTAs where the tree kernel runs 128; 61.5 vs 43.4 us at 8k, 230.6 vs 123.4 at 32k),
+// though steps at context 128 gained 1-5% at 2-8 rows.
+int64_t mla_cluster_q() {
+  static const int64_t v = env_int("KILN_MLA_CLUSTER_Q", 1, 0);
+  return v;
+}
+
+cudaLaunchAttribute cluster_attribute() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = mma_decode::kCluster;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
+// How many CTAs of one tensor-core instantiation fit on the GPU at once (occupancy x SMs, or with
+// CLUSTER whole clusters x 8: a cluster needs 8 SMs of one GPC), after opting the kernel into its
+// shared memory on the current device (the attribute is per device).
+template <int HT, int STAGES, bool CLUSTER>
 int64_t mma_slots() {
-  constexpr size_t smem = mma_decode::smem_bytes<HT, STAGES>();
+  constexpr size_t smem = mma_decode::smem_bytes<HT, STAGES, CLUSTER>();
+  constexpr int threads = HT * mma_decode::kWarpsPerTile * 32;
+  auto* kernel = mma_decode::mla_decode_mma_kernel<HT, STAGES, CLUSTER>;
   static SmemGrants smem_devices;
-  allow_smem(mma_decode::mla_decode_mma_kernel<HT, STAGES>, static_cast<int>(smem), smem_devices);
-  static const int64_t n = [] {
-    int per_sm = 0;
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, mma_decode::mla_decode_mma_kernel<HT, STAGES>, HT * mma_decode::kWarpsPerTile * 32, smem));
-    return static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
+  allow_smem(kernel, static_cast<int>(smem), smem_devices);
+  static const int64_t n = [kernel] {
+    if constexpr (CLUSTER) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(mma_decode::kCluster * sm_count());
+      cfg.blockDim = dim3(threads);
+      cfg.dynamicSmemBytes = smem;
+      cudaLaunchAttribute attr = cluster_attribute();
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      KILN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      return static_cast<int64_t>(std::max(clusters, 1)) * mma_decode::kCluster;
+    } else {
+      int per_sm = 0;
+      KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+      return static_cast<int64_t>(std::max(per_sm, 1)) * sm_count();
+    }
   }();
   return n;
 }
 
 // A 16-head split covers at least STAGES tiles, all requested at once (mla_decode_mma.cuh); the
-// two-tile-group kernel (more heads) keeps the 64 rows it was measured with.
-template <int HT, int STAGES>
+// two-tile-group kernel (more heads) keeps the 64 rows it was measured with. Each halving of the
+// split count saves one level of the merge tree (a 32-64 KB partial stored, fenced, counted, read
+// back: ~1-1.5 us), and tiles in flight together cost one latency; contexts longer than
+// min_split_rows * splits keep their chunk, visible / splits. (The cluster form spreads contexts
+// up to 8 x min_split_rows over its 8 splits in 32-row tiles: its merge is cheap.)
+template <int HT, int STAGES, bool CLUSTER = false>
 void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
   // Measured at short contexts (session 10, single-stream steps at context 128-192, Moonlight on
   // H200): 32 or 64 rows a split at least, 2.94 / 2.88 ms against 2.80-2.88 with 128 (a binary
@@ -274,8 +315,13 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
   constexpr int kMinSplitRows = (HT == 1 ? STAGES : 2) * mma_decode::kTileRows;
   const int64_t total_q = p.total_q, head_tiles = (p.num_heads + kHeads - 1) / kHeads;
   const int64_t head_groups = (head_tiles + HT - 1) / HT, ctas = total_q * head_groups;
-  // Splits fill at most one wave: a second, partial wave would cost as much as a full one.
-  const int splits = static_cast<int>(std::clamp<int64_t>(mma_slots<HT, STAGES>() / ctas, 1, kMaxMmaSplits));
+  // Splits fill at most one wave: a second, partial wave would cost as much as a full one. With
+  // CLUSTER, whole clusters of 8, at least one a query row (past 15 rows, when
+  // KILN_MLA_CLUSTER_Q allows that, more than one wave).
+  const int64_t fit = mma_slots<HT, STAGES, CLUSTER>() / ctas;
+  const int splits = CLUSTER ? static_cast<int>(std::clamp<int64_t>(fit / mma_decode::kCluster * mma_decode::kCluster,
+                                                                    mma_decode::kCluster, kMaxMmaSplits))
+                             : static_cast<int>(std::clamp<int64_t>(fit, 1, kMaxMmaSplits));
   float *po = nullptr, *pm = nullptr;
   int* counters = nullptr;
   if (splits > 1) {  // one split writes p.out directly
@@ -286,9 +332,11 @@ void launch_mma(const MlaAbsorbedParams& p, cudaStream_t s) {
   }
   const int64_t blocks = ctas * splits;
   KILN_REQUIRE(blocks < (int64_t{1} << 31), "mla_absorbed: too many query rows for one launch");
-  launch_pdl(mma_decode::mla_decode_mma_kernel<HT, STAGES>, dim3(static_cast<unsigned>(blocks)),
-             dim3(HT * mma_decode::kWarpsPerTile * 32), mma_decode::smem_bytes<HT, STAGES>(), s, p, splits,
-             static_cast<int>(head_groups), kMinSplitRows, po, pm, counters);
+  const cudaLaunchAttribute cluster = cluster_attribute();
+  launch_pdl_with(CLUSTER ? &cluster : nullptr, mma_decode::mla_decode_mma_kernel<HT, STAGES, CLUSTER>,
+                  dim3(static_cast<unsigned>(blocks)), dim3(HT * mma_decode::kWarpsPerTile * 32),
+                  mma_decode::smem_bytes<HT, STAGES, CLUSTER>(), s, p, splits, static_cast<int>(head_groups),
+                  kMinSplitRows, po, pm, counters);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -300,11 +348,14 @@ void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
                std::string("mla_absorbed: unsupported KV pool dtype ") + dtype_name(p.kv.pool_dtype));
   if (p.kv.pool_dtype == DType::F32) return launch_cuda_cores<float>(p, s);
   if (p.kv_lora != mma_decode::kLora || p.rope_dim != mma_decode::kRope) return launch_cuda_cores<__nv_bfloat16>(p, s);
-  // One 16-head tile: 4 warps. Up to 8 query rows (latency-bound: a few CTAs per query) each CTA
-  // takes 4 tiles at once and splits start at 128 rows (one SM each, fewer merge levels; a context
-  // of 128 needs no merge); more rows, two CTAs per SM with 2 tiles in flight. More heads: two
-  // tiles share each KV tile (8 warps).
-  if (p.num_heads <= kHeads) return p.total_q <= mla_small_q() ? launch_mma<1, 4>(p, s) : launch_mma<1, 2>(p, s);
+  // One 16-head tile: 4 warps. One query row: clusters of 8 CTAs, 32-row tiles spread over them up
+  // to 8 x 128 rows, merged through distributed shared memory (its 16-byte output stores need an
+  // aligned out). Up to 8 rows (latency-bound: a few CTAs per query) each CTA takes 4 tiles at once
+  // and splits start at 128 rows (one SM each, fewer merge levels); more rows, two CTAs per SM with
+  // 2 tiles in flight. More heads: two tiles share each KV tile (8 warps).
+  if (p.num_heads <= kHeads && p.total_q <= mla_cluster_q() && aligned16(p.out)) return launch_mma<1, 4, true>(p, s);
+  if (p.num_heads <= kHeads && p.total_q <= mla_small_q()) return launch_mma<1, 4>(p, s);
+  if (p.num_heads <= kHeads) return launch_mma<1, 2>(p, s);
   launch_mma<2, 3>(p, s);
 }
 

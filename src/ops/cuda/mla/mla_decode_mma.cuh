@@ -11,7 +11,10 @@
 // The KV tile (32 rows x 576) is streamed once per CTA through a cp.async ring of STAGES stages,
 // all STAGES tiles in flight, and shared by all its head tiles. Tiles of rows that earlier steps
 // wrote are requested before pdl_wait, while the kernel before (mla_prepare, which writes this
-// step's rows) still runs; so at short contexts the KV has landed by the time q is ready. Per tile
+// step's rows) still runs, and so are the earlier rows of the tile that holds this step's first
+// row (its new rows join the same commit group after the wait; not A/B'd: H200 traces of other
+// machines put the last split done 3.01 us after its release before, 2.82-2.86 after); so at
+// short contexts the KV has landed by the time q is ready. Per tile
 // of 16 heads:
 //   S = Q·Kᵀ  each warp takes a quarter of the 576 dims (9 k-steps; its Q fragments stay in
 //             registers) for all 32 rows, and the four partial S meet in shared memory;
@@ -20,49 +23,27 @@
 //   O += P·V  V is the first 512 columns of the same smem rows (no second read); each warp owns
 //             128 output columns (16 n-tiles: 64 f32 accumulators per thread).
 // Splits: CTAs over (query, split, head group) fill the GPU once; a split covers a 32-row-aligned
-// chunk of the context of at least min_split_rows rows (a launch argument), computed in the kernel
+// chunk of the context of at least min_split_rows rows (a launch argument; with CLUSTER, contexts
+// up to 8 x min_split_rows take as few 32-row tiles a split as fill 8 splits), computed in the kernel
 // from kv_len, so the launch never depends on context lengths and a short context occupies only a
 // few splits (the rest exit at once). The splits that saw rows merge in the same kernel, up a
 // binary tree over split indices (see the end of the kernel): no second launch, and no scan of
-// empty splits.
+// empty splits. With CLUSTER (one 16-head tile; the launcher uses it for a single query row of at
+// most 16 heads), the splits of a query row form clusters of 8 CTAs, split fastest, that merge in
+// distributed shared memory first (mla_decode_merge.cuh); a context up to 8 x min_split_rows is
+// one cluster, 32-row tiles spread over its CTAs.
 #pragma once
 
 #include <cstdint>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/mla/mla_decode_config.cuh"
+#include "ops/cuda/mla/mla_decode_merge.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"  // pdl_wait is per translation unit: include this header from one .cu only
 
 namespace kiln::ops::cuda {
 namespace mma_decode {
-
-constexpr int kLora = 512, kRope = 64, kRow = kLora + kRope;
-constexpr int kTileRows = 32;                               // KV rows per pipeline stage
-constexpr int kWarpsPerTile = 4;                            // warps per 16-head tile
-constexpr int kRowStride = kRow * 2 + 16;                   // bytes: +16 puts 8 ldmatrix rows on distinct banks
-constexpr int kStageBytes = kTileRows * kRowStride;         // 37,376 B
-constexpr int kKSteps = kRow / 16 / kWarpsPerTile;          // 9 k-steps of the QK product per warp
-constexpr int kWarpCols = kLora / kWarpsPerTile;            // 128 output columns per warp
-constexpr int kChunks = kRow * 2 / 16;                      // 72 16-byte chunks per row
-constexpr int kSStride = kTileRows + 8;                     // floats per row of the S exchange (no conflicts)
-constexpr int kSBytes = kWarpsPerTile * 16 * kSStride * 4;  // one head tile's S exchange
-constexpr float kLog2e = 1.4426950408889634f;
-// Fewest context rows a split takes (the launcher's min_split_rows): STAGES tiles, all requested at
-// once. Each halving of the split count saves one level of the merge tree (a 32-64 KB partial
-// stored, fenced, counted, read back: ~1-1.5 us), and tiles in flight together cost one latency.
-// Contexts longer than min_split_rows * splits keep their chunk, visible / splits.
-
-template <int HT, int STAGES>
-constexpr size_t smem_bytes() {
-  return static_cast<size_t>(STAGES * kStageBytes + HT * kSBytes);
-}
-// Counters per (query row, head group) of the merge tree: a heap of the internal nodes over splits
-// rounded up to a power of two (index 0 unused).
-__host__ __device__ constexpr int tree_width(int splits) {
-  int w = 1;
-  while (w < splits) w *= 2;
-  return w;
-}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -93,17 +74,18 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// grid.x = total_q * splits * head_groups, head group fastest: the CTAs that read the same KV rows
-// run side by side and meet in L2. The root of each merge tree writes normalised outputs to p.out;
-// part_out [splits, total_q, heads, 512], part_ml [splits, total_q, heads, 2] (max in log2 units,
-// sum) and counters [total_q * head_groups, tree_width(splits)] serve the merge and are unused (may
-// be null) when splits == 1. The counters are zero before a launch and left zero after it.
-template <int HT, int STAGES>
+// grid.x = total_q * splits * head_groups, head group fastest (CLUSTER: split fastest): the CTAs that read the same KV
+// rows run side by side and meet in L2. The root of each merge tree writes normalised outputs to p.out; part_out
+// [splits, total_q, heads, 512], part_ml [splits, total_q, heads, 2] (max in log2 units, sum) and counters [total_q *
+// head_groups, tree_width(splits)] serve the merge and are unused (may be null) when splits == 1. The counters are zero
+// before a launch and left zero after it.
+template <int HT, int STAGES, bool CLUSTER>
 __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
     mla_decode_mma_kernel(MlaAbsorbedParams p, int splits, int head_groups, int min_split_rows, float* part_out,
                           float* part_ml, int* counters) {
   constexpr int kThreads = HT * kWarpsPerTile * 32;
   constexpr int kTpr = kThreads / kTileRows;  // loader threads per KV row
+  static_assert(!CLUSTER || HT == 1, "cluster merge: one tile of heads");
   extern __shared__ __align__(16) unsigned char smem[];
   float* sx_all = reinterpret_cast<float*>(smem + STAGES * kStageBytes);
 
@@ -112,10 +94,11 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ht = warp / kWarpsPerTile, wq = warp % kWarpsPerTile;
   const int g = lane >> 2, q4 = lane & 3;  // mma fragment coordinates: row group, thread in group
-  const int hg = static_cast<int>(blockIdx.x % head_groups);
-  const int64_t rest = blockIdx.x / head_groups;
-  const int split = static_cast<int>(rest % splits);
-  const int64_t qi = rest / splits, H = p.num_heads;
+  // Grid order: head group fastest (see above), or with CLUSTER split fastest (a cluster's CTAs
+  // are consecutive: 8 splits of one query row and head group).
+  const int hg = static_cast<int>(CLUSTER ? blockIdx.x / splits % head_groups : blockIdx.x % head_groups);
+  const int split = static_cast<int>(CLUSTER ? blockIdx.x % splits : blockIdx.x / head_groups % splits);
+  const int64_t qi = blockIdx.x / head_groups / splits, H = p.num_heads;
   const int64_t h0 = (static_cast<int64_t>(hg) * HT + ht) * 16;
   const bool active = h0 < H;  // a whole tile past the last head only helps load KV
 
@@ -124,15 +107,18 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   // Causal suffix: query i of q_len sees kv_len - q_len + i + 1 rows; kv_len 0 (padding) sees none.
   const int64_t visible = kv_len > 0 ? max(int64_t{0}, kv_len - q_len + (qi - p.cu_q[b]) + 1) : 0;
   const int64_t chunk =
-      max(int64_t{min_split_rows}, ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows);
+      CLUSTER ? cluster_chunk(visible, splits, STAGES, min_split_rows)
+              : max(int64_t{min_split_rows}, ((visible + splits - 1) / splits + kTileRows - 1) / kTileRows * kTileRows);
   // Splits with rows: 1..splits (chunk >= visible / splits). A padding row keeps split 0, to write its zeros.
   const int used = visible > 0 ? static_cast<int>((visible + chunk - 1) / chunk) : 1;
   // Nothing read but launch inputs: may leave before the kernel before ends. Split 0 never leaves
-  // here (used >= 1), so every launch has CTAs that wait (the PDL invariant in pdl.cuh).
-  if (split >= used) {
+  // here (used >= 1), so every launch has CTAs that wait (the PDL invariant in pdl.cuh). A cluster
+  // leaves only as a whole: its CTAs past `used` take no rows but join its barriers.
+  if ((CLUSTER ? split / kCluster * kCluster : split) >= used) {
     pdl_trigger();
     return;
   }
+  if constexpr (CLUSTER) cluster_arrive_relaxed();  // started: the others may store into this CTA's receive buffer
   const int64_t j0 = split * chunk, j1 = min(visible, j0 + chunk);
   const int ntiles = j1 > j0 ? static_cast<int>((j1 - j0 + kTileRows - 1) / kTileRows) : 0;
 
@@ -140,8 +126,13 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   const int lrow = tid / kTpr, lr = tid % kTpr;
   const __nv_bfloat16* pool = static_cast<const __nv_bfloat16*>(p.kv.pool);
   const int32_t* table = p.kv.block_table + b * p.kv.max_blocks;
-  auto issue = [&](int t) {
+  // Rows [fresh, j1) are this step's, written by the kernel before: `rows` picks all of a tile's
+  // rows, those before `fresh` (and zero fills), or only this step's.
+  const int64_t fresh = kv_len - q_len;
+  enum Rows { kAll, kOld, kNew };
+  auto issue = [&](int t, Rows rows = kAll) {
     const int64_t j = j0 + static_cast<int64_t>(t) * kTileRows + lrow;
+    if (rows != kAll && (rows == kNew) != (j >= fresh && j < j1)) return;
     const __nv_bfloat16* src = pool;  // any valid address when zero-filling
     int bytes = 0;
     if (j < j1) {
@@ -153,18 +144,27 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
 #pragma unroll
     for (int c = lr; c < kChunks; c += kTpr) cp_async16(dst + c * 16, src + c * 8, bytes);
   };
-  // The first STAGES tiles: those whose rows all precede this step's (rows [kv_len - q_len, kv_len),
-  // written by the kernel before) are requested now, the rest once that kernel is done. Either way
+  // The first STAGES tiles: those whose rows all precede this step's are requested now; of the
+  // first tile holding one of this step's rows, the earlier rows now and this step's once the kernel
+  // before is done (one commit group: the tile lands as a whole); later tiles then. Either way
   // before q is read, so the latencies overlap.
-  const int64_t fresh = kv_len - q_len;
   int issued = 0;
+  bool split_tile = false;
   for (; issued < STAGES && issued < ntiles; ++issued) {
-    if (min(j1, j0 + (issued + 1) * static_cast<int64_t>(kTileRows)) > fresh) break;
+    if (min(j1, j0 + (issued + 1) * static_cast<int64_t>(kTileRows)) > fresh) {
+      issue(issued, kOld);
+      split_tile = true;
+      break;
+    }
     issue(issued);
     cp_async_commit();
   }
   pdl_wait();  // PDL: q and this step's latent rows come from the kernel before
   pdl_trigger();
+  if (split_tile) {
+    issue(issued++, kNew);
+    cp_async_commit();
+  }
   for (; issued < STAGES; ++issued) {
     if (issued < ntiles) issue(issued);
     cp_async_commit();  // empty groups keep the wait count uniform
@@ -190,7 +190,10 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
       qf[ks][3] = pack_bf16(e.x, e.y);
     }
   }
-  trace_phase(0);  // kernel trace (CTA 0: split 0 of head group 0): q loaded, tiles attended, merged
+  // Kernel trace (CTA 0: split 0 of head group 0): 0 q loaded, 1 tiles attended, 2 merged; with
+  // CLUSTER also 3 the last split with rows done with its tiles (that CTA's stamp), 4 the cluster's
+  // slices all received, 5 merged within the cluster (mla_decode_merge.cuh).
+  trace_phase(0);
 
   float o[kWarpCols / 8][4];
 #pragma unroll
@@ -305,6 +308,13 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
   }
   cp_async_wait<0>();  // nothing may land in shared memory after the CTA exits
   trace_phase(1);
+  if constexpr (CLUSTER) {
+    trace_phase(3, split == used - 1);
+    cluster_merge(p, reinterpret_cast<float*>(smem + smem_bytes<HT, STAGES, false>()), o, m_run, l_run, ntiles > 0, qi,
+                  h0, hg, head_groups, split, splits, used, part_out, part_ml, counters);
+    trace_phase(2);
+    return;
+  }
 
   // Merge up a binary tree whose leaves are the splits with rows, in split order: node n of level
   // k covers splits [n << k, (n + 1) << k) and is always combined as left ⊕ right, whichever CTA

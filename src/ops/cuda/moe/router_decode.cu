@@ -39,13 +39,6 @@ constexpr int kExpChunk = 8;  // experts whose dot products a thread carries at 
 // Most dynamic shared memory the staged form takes (with the T = 8 kernel's ~37 KB of static).
 constexpr size_t kMaxStagedBytes = 160 * 1024;
 
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
 // Shared memory for the constants a CTA copies before the wait (staged form): its experts' gate
 // rows, the bias, the norm weight (its own dtype); 0 when they do not fit or are misaligned.
 size_t staged_bytes(const RouterParams& p) {
@@ -111,7 +104,7 @@ __device__ void route_tokens(const RouterParams& p, int tokens, const float (&lo
     for (int o = q_lanes / 2; o > 0; o >>= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
     if (mine && q == 0 && rank < k) {
       ids[t][rank] = e;
-      sig[t][rank] = 1.0f / (1.0f + expf(-logits[t][e]));
+      sig[t][rank] = expert_sigmoid(logits[t][e]);
     }
   }
   __syncthreads();

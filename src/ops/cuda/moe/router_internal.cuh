@@ -37,6 +37,11 @@ int gate_gemm_splits(int64_t T, int64_t E, int64_t H);
 // logits at ~f32 accuracy (3xTF32 tensor-core MMAs). x and w are only read; no host sync.
 void gate_gemm(const float* x, const float* w, float* out, int64_t T, int64_t E, int64_t H, int splits, cudaStream_t s);
 
+// The expert score, sigmoid(logit), in one form for every routing path (the same bits).
+__device__ __forceinline__ float expert_sigmoid(float logit) {
+  return 1.0f / (1.0f + expf(-logit));
+}
+
 // The better of two (value, index) candidates: higher value, lower index on ties.
 __device__ __forceinline__ void warp_best(float& v, int& i) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -53,7 +58,7 @@ __device__ inline void route_choice(const RouterParams& p, const float* logits, 
                                     float* choice, float* gscore) {
   const int E = static_cast<int>(p.num_experts), G = static_cast<int>(p.n_group), per = E / G;
   for (int e = lane; e < E; e += 32) {
-    const float c = 1.0f / (1.0f + expf(-logits[e])) + bias[e];
+    const float c = expert_sigmoid(logits[e]) + bias[e];
     choice[e] = c == c ? c : -INFINITY;  // NaN counts as -inf: the choice below stays a total order
   }
   __syncwarp();
@@ -132,7 +137,7 @@ __device__ inline void route_token(const RouterParams& p, const float* logits, c
   }
   __syncwarp();
   // Lane j < k takes choice j; the normaliser sums them in choice order, as the reference does.
-  const float s = lane < k ? 1.0f / (1.0f + expf(-logits[ids[lane]])) : 0.0f;
+  const float s = lane < k ? expert_sigmoid(logits[ids[lane]]) : 0.0f;
   float denom = 0.0f;
   for (int j = 0; j < k; ++j) denom += __shfl_sync(0xffffffffu, s, j);
   if (lane < k) {
