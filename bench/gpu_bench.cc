@@ -92,7 +92,7 @@ json bench_mla_kernel(ops::Backend& be, double copy_gbps, bool quick) {
       quick ? std::vector<int64_t>{128, 1024, 8192, 32768} : std::vector<int64_t>{128, 1024, 4096, 8192, 16384, 32768};
   for (int64_t heads : {16, 128}) {
     for (int64_t ctx : contexts) {
-      for (int64_t B : {1, 8, 32, 128}) {
+      for (int64_t B : {1, 2, 4, 8, 32, 128}) {
         const int64_t blocks_per = (ctx + bs - 1) / bs, blocks = B * blocks_per;
         const double kv_read = static_cast<double>(B * ctx * row * kv_bytes);
         const int64_t copies = std::max<int64_t>(1, static_cast<int64_t>((512.0 * (1 << 20)) / kv_read + 1));

@@ -135,9 +135,9 @@ TEST(MlaParity, AbsorbedBf16PoolAcrossHeadsContextsBatches) {
 
 // The tensor-core kernel merges its splits in the same launch, through counters each launch must
 // leave at zero and in an order fixed by split index: the same call twice is bitwise equal. Contexts
-// sit on either side of split boundaries: one query row of up to 16 heads takes the 4-stage cluster
+// sit on either side of split boundaries: 1-2 query rows of up to 16 heads take the 4-stage cluster
 // kernel (one cluster of 8 splits up to 1024 rows, 32-128 rows a split; past that 128 rows a split
-// at least, clusters merged up the tree: 8192 rows fill 64 splits, 8 clusters), 2-8 rows the
+// at least, clusters merged up the tree: 8192 rows fill 64 splits, 8 clusters), 3-8 rows the
 // 4-stage tree kernel (128 rows a split at least), 9+ rows the 2-stage one (64 rows at least), 24
 // heads two-tile CTAs (64 rows at least).
 TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
@@ -147,6 +147,8 @@ TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
   for (int32_t ctx : {32, 33, 64, 65, 128, 129, 256, 257, 1024, 1025, 8192, 8193}) cases.push_back({16, {ctx}, 1});
   for (int32_t ctx : {0, 200, 1100, 3000}) cases.push_back({5, {ctx}, 1});  // heads past 5 masked
   cases.push_back({16, {1025, 0, 9000}, 2});                                // 6 query rows
+  cases.push_back({16, {9000, 33}, 1});                                     // 2 rows: clusters
+  cases.push_back({16, {1100}, 2});                                         // 2 queries of one sequence
   for (int32_t ctx : {64, 65, 128, 129}) cases.push_back({16, std::vector<int32_t>(9, ctx), 1});
   cases.push_back({24, {129, 4000}, 2});
   cases.push_back({24, {64, 65, 128, 129}, 1});
@@ -165,9 +167,9 @@ TEST(MlaParity, AbsorbedRepeatsBitwiseAtSplitBoundaries) {
 // stream (as in a decode step). The tensor-core decode kernel requests the tiles of earlier rows
 // before it waits for the kernel before it; a tile holding any new row must wait. The pool starts
 // with stale values in the new rows' slots, so reading one early changes the output. Contexts put
-// the new rows on either side of 32-row tile edges, 1-4 new rows per sequence, 16 heads (one query
-// row: the cluster kernel, whose 32-row splits can start at the new row; the 4-stage kernel up to 8
-// query rows, the 2-stage one beyond) and 128 heads.
+// the new rows on either side of 32-row tile edges, 1-4 new rows per sequence, 16 heads (1-2 query
+// rows: the cluster kernel, whose 32-row splits can start at the new row; the 4-stage kernel up to
+// 8 query rows, the 2-stage one beyond) and 128 heads.
 TEST(MlaParity, PrepareThenAbsorbedSeesTheNewRows) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();

@@ -180,7 +180,7 @@ class CudaBackend final : public Backend {
         {"mla decode",
          "kiln paged MLA over the bf16 latent cache, absorbed form, split-KV merged inside the kernel; 576-wide "
          "rows: mma.sync 16-head tiles (tail masked), every stage's KV tile in flight at once and earlier steps' "
-         "rows requested before the previous kernel ends (<= 16 heads: one query row in thread-block clusters of 8 "
+         "rows requested before the previous kernel ends (<= 16 heads: 1-2 query rows in thread-block clusters of 8 "
          "CTAs, >= 32 rows a split, their partials merged through distributed shared memory first; 2-8 query rows "
          "4 stages, >= 128 rows a split; more rows 2 stages, >= 64; more heads: two 16-head tiles a CTA, 3 stages, "
          ">= 64 rows); other latent widths: CUDA-core 16-head tiles + a merge kernel"},

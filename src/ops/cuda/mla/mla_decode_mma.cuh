@@ -28,8 +28,8 @@
 // from kv_len, so the launch never depends on context lengths and a short context occupies only a
 // few splits (the rest exit at once). The splits that saw rows merge in the same kernel, up a
 // binary tree over split indices (see the end of the kernel): no second launch, and no scan of
-// empty splits. With CLUSTER (one 16-head tile; the launcher uses it for a single query row of at
-// most 16 heads), the splits of a query row form clusters of 8 CTAs, split fastest, that merge in
+// empty splits. With CLUSTER (one 16-head tile; the launcher uses it for 1-2 query rows of at most
+// 16 heads), the splits of a query row form clusters of 8 CTAs, split fastest, that merge in
 // distributed shared memory first (mla_decode_merge.cuh); a context up to 8 x min_split_rows is
 // one cluster, 32-row tiles spread over its CTAs.
 #pragma once
