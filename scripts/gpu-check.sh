@@ -74,11 +74,18 @@ for act in f32 bf16; do
       grep -E "^ +[0-9]" | sed "s/^/activations=$act prompt=$len: /"
   done
 done
-echo "== A/B: MLA decode, 4-stage kernel up to KILN_MLA_SMALL_Q query rows (default 8; 0 = never)"
+echo "== A/B: MLA decode, 4-stage kernel up to KILN_MLA_SMALL_Q query rows (default 8; 0 = never; clusters off)"
 for v in 8 0; do
   for ctx in 128 4096; do
-    KILN_MLA_SMALL_Q=$v "${BENCH[@]}" --batch-sizes 1,8 --prompt-len $ctx --decode-steps 64 2>&1 |
+    KILN_MLA_CLUSTER_Q=0 KILN_MLA_SMALL_Q=$v "${BENCH[@]}" --batch-sizes 1,8 --prompt-len $ctx --decode-steps 64 2>&1 |
       grep -E "^ +[0-9]" | sed "s/^/small_q=$v ctx=$ctx: /"
+  done
+done
+echo "== A/B: MLA decode splits in thread-block clusters up to KILN_MLA_CLUSTER_Q query rows (default 2; 0 = never)"
+for v in 2 0; do
+  for ctx in 128 4096; do
+    KILN_MLA_CLUSTER_Q=$v "${BENCH[@]}" --batch-sizes 1,2 --prompt-len $ctx --decode-steps 64 2>&1 |
+      grep -E "^ +[0-9]" | sed "s/^/cluster_q=$v ctx=$ctx: /"
   done
 done
 echo "== A/B: prefill attention, key tiles in flight (KILN_MLA_PREFILL_STAGES, default 3)"

@@ -179,6 +179,8 @@ TEST(MlaParity, PrepareThenAbsorbedSeesTheNewRows) {
   cases.push_back({16, std::vector<int32_t>(12, 96), 1});  // 12 query rows: the 2-stage kernel
   cases.push_back({16, {31, 32, 33, 65}, 3});
   for (int32_t ctx : {1, 33, 129, 1000, 1025, 5000}) cases.push_back({16, {ctx}, 1});  // one query row
+  cases.push_back({16, {33, 129}, 1});                                                 // two rows
+  for (int32_t ctx : {33, 1000}) cases.push_back({16, {ctx}, 2});                      // two queries of one sequence
   uint64_t seed = 1700;
   for (const auto& c : cases) {
     const auto in = make_decode(c, seed += 10);

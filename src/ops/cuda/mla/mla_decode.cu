@@ -248,14 +248,16 @@ int64_t mla_small_q() {
 
 // Query rows up to which 16-head decode splits in clusters of 8 CTAs that merge through
 // distributed shared memory (mla_decode_merge.cuh; KILN_MLA_CLUSTER_Q overrides it, 0: never).
-// Measured on H200 (session 14, kiln-gpu-bench's kernel lines and whole steps). One row (run 4): the
-// kernel alone 15.0 -> 9.2 / 24.1 -> 15.1 / 38.2 -> 27.4 us at 1k / 8k / 32k context (6.8 both at
-// 128), steps 2.38-2.42 -> 2.30-2.31 ms. Two rows (run 10): 14.9 -> 10.2 / 27.8 -> 18.8 / 49.2 ->
-// 43.3 us; steps at 8k context 3.95-4.05 -> 3.67-3.74 ms (run 9). Past that the clusters cost
-// parallelism at long contexts: a row's splits come in eights and an H200 holds 15 clusters, so 4
-// rows get 96 CTAs where the tree kernel runs 132 (the kernel 32.0 -> 27.7 us at 8k but 73.6 ->
-// 79.6 at 32k, run 10) and 8 rows 64 against 128 (43.4 -> 61.5 at 8k, 123.4 -> 230.6 at 32k, run
-// 4), though steps at context 128 gained 1-5% at 2-8 rows.
+// Measured on H200 (session 14, kiln-gpu-bench's kernel lines and whole steps). One row (run 4):
+// the kernel alone 15.0 -> 9.2 / 24.1 -> 15.1 / 38.2 -> 27.4 us at 1k / 8k / 32k context (6.8 both
+// at 128), steps 2.38-2.42 -> 2.30-2.31 ms. Two rows (run 10): 14.9 -> 10.2 / 27.8 -> 18.8 / 49.2
+// -> 43.3 us (6.3 -> 6.6 at 128); steps at 8k context 3.95-4.05 -> 3.67-3.74 ms (run 9). Past that
+// the clusters cost parallelism at long contexts: a row's splits come in eights and an H200 holds
+// 15 clusters, so 4 rows get 96 CTAs where the tree kernel runs 132 (the kernel 32.0 -> 27.7 us at
+// 8k but 73.6 -> 79.6 at 32k, run 10) and 8 rows 64 against 128 (43.4 -> 61.5 at 8k, 123.4 ->
+// 230.6 at 32k, run 4), though steps at context 128 gained 0.5-5% at 2-8 rows. Moonlight stops at
+// 8k positions, where 4 rows still won; the default keeps 3+ rows on the tree kernel for the
+// family's 128k contexts (DeepSeek-V3 / Kimi at TP8: 16 heads a GPU).
 int64_t mla_cluster_q() {
   static const int64_t v = env_int("KILN_MLA_CLUSTER_Q", 2, 0);
   return v;
@@ -350,11 +352,11 @@ void mla_absorbed(const MlaAbsorbedParams& p, cudaStream_t s) {
                std::string("mla_absorbed: unsupported KV pool dtype ") + dtype_name(p.kv.pool_dtype));
   if (p.kv.pool_dtype == DType::F32) return launch_cuda_cores<float>(p, s);
   if (p.kv_lora != mma_decode::kLora || p.rope_dim != mma_decode::kRope) return launch_cuda_cores<__nv_bfloat16>(p, s);
-  // One 16-head tile: 4 warps. One or two query rows: clusters of 8 CTAs, 32-row tiles spread over them up
-  // to 8 x 128 rows, merged through distributed shared memory (its 16-byte output stores need an
-  // aligned out). Up to 8 rows (latency-bound: a few CTAs per query) each CTA takes 4 tiles at once
-  // and splits start at 128 rows (one SM each, fewer merge levels); more rows, two CTAs per SM with
-  // 2 tiles in flight. More heads: two tiles share each KV tile (8 warps).
+  // One 16-head tile: 4 warps. Up to mla_cluster_q() query rows (default 2): clusters of 8 CTAs,
+  // 32-row tiles spread over them up to 8 x 128 rows, merged through distributed shared memory (its
+  // 16-byte output stores need an aligned out). Up to 8 rows (latency-bound: a few CTAs per query)
+  // each CTA takes 4 tiles at once and splits start at 128 rows (one SM each, fewer merge levels);
+  // more rows, two CTAs per SM with 2 tiles in flight. More heads: two tiles share each KV tile.
   if (p.num_heads <= kHeads && p.total_q <= mla_cluster_q() && aligned16(p.out)) return launch_mma<1, 4, true>(p, s);
   if (p.num_heads <= kHeads && p.total_q <= mla_small_q()) return launch_mma<1, 4>(p, s);
   if (p.num_heads <= kHeads) return launch_mma<1, 2>(p, s);
