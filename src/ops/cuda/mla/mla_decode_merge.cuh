@@ -1,5 +1,6 @@
-// The merge of the tensor-core MLA decode kernel's splits through a thread-block cluster
-// (mla_decode_mma.cuh with CLUSTER; included from there only).
+// Merging the tensor-core MLA decode kernel's splits (mla_decode_mma.cuh; included from there
+// only): the log-sum-exp combine and the tree handshake both merges use, and the merge through a
+// thread-block cluster (CLUSTER).
 //
 // Why: at short contexts a decode row is latency-bound. The global merge tree stores a 32 KB
 // partial per split, fences, counts and reads it back, ~3.2-3.4 us a level on H200 (kernel traces
@@ -53,6 +54,23 @@ __device__ __forceinline__ MergeWeights merge_weights(float m_left, float m_righ
 }
 __device__ __forceinline__ float merge_value(float left, float right, const MergeWeights& w) {
   return __fmaf_rn(left, w.wl, __fmul_rn(right, w.wr));
+}
+
+// A merge tree's handshake at a parent node, by every thread of a CTA once it has stored its node:
+// true for the CTA that arrives second, which carries the parent (and resets the counter for the
+// next launch); the first leaves the tree.
+__device__ __forceinline__ bool arrived_second(int* counter) {
+  __threadfence();  // this node is visible GPU-wide before the counter says so
+  __syncthreads();
+  int second = 0;
+  if (threadIdx.x == 0) {
+    second = atomicAdd(counter, 1);
+    if (second) {
+      *counter = 0;
+      __threadfence();  // the sibling's stores, published before its increment, are read after ours
+    }
+  }
+  return __syncthreads_or(second);
 }
 
 // Called by every thread of every CTA of a cluster whose splits saw rows (others left at once,
@@ -147,18 +165,7 @@ __device__ __forceinline__ void cluster_merge(const MlaAbsorbedParams& p, float*
       if (tid % 8 == 0)
         __stcg(reinterpret_cast<float2*>(part_ml + (((first + rank) * p.total_q + qi) * H + h) * 2), make_float2(m, l));
     }
-    __threadfence();  // this node is visible GPU-wide before the counter says so
-    __syncthreads();
-    int second = 0;
-    if (tid == 0) {
-      int* ctr = my_counters + (tw_c >> (level + 1)) + (node >> 1);
-      second = atomicAdd(ctr, 1);
-      if (second) {
-        *ctr = 0;
-        __threadfence();  // the sibling's stores, published before its increment, are read after ours
-      }
-    }
-    if (!__syncthreads_or(second)) {
+    if (!arrived_second(my_counters + (tw_c >> (level + 1)) + (node >> 1))) {
       root = false;
       break;
     }

@@ -340,19 +340,8 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
         __stcg(reinterpret_cast<float2*>(dst + 8 * j + 2 * q4), make_float2(o[j][2 * r], o[j][2 * r + 1]));
       if (wq == 0 && q4 == 0) __stcg(reinterpret_cast<float2*>(part_ml + at * 2), make_float2(m_run[r], l_run[r]));
     }
-    __threadfence();  // this node is visible GPU-wide before the counter says so
-    __syncthreads();
-    int second = 0;
-    if (tid == 0) {
-      const int tw = tree_width(splits);
-      int* c = counters + (qi * head_groups + hg) * tw + (tw >> (level + 1)) + (node >> 1);
-      second = atomicAdd(c, 1);
-      if (second) {
-        *c = 0;
-        __threadfence();  // the sibling's stores, published before its increment, are read after ours
-      }
-    }
-    if (!__syncthreads_or(second)) return;
+    const int tw = tree_width(splits);
+    if (!arrived_second(counters + (qi * head_groups + hg) * tw + (tw >> (level + 1)) + (node >> 1))) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t h = h0 + g + 8 * r;
@@ -361,19 +350,18 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
       const int64_t at = ((sib << level) * p.total_q + qi) * H + h;
       const float* src = part_out + at * kLora + wq * kWarpCols;
       const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_ml + at * 2));
-      const float ml_l = left ? m_run[r] : ml.x, ml_r = left ? ml.x : m_run[r];
-      const float m_new = fmaxf(ml_l, ml_r);  // finite: every node saw rows
-      const float wl = exp2f(ml_l - m_new), wr = exp2f(ml_r - m_new);
-      // Explicit roundings: the same operations whichever side sits in registers (no contraction).
-      l_run[r] = __fmaf_rn(left ? l_run[r] : ml.y, wl, __fmul_rn(left ? ml.y : l_run[r], wr));
-      m_run[r] = m_new;
+      // Every node saw rows (finite maxima). merge_value's explicit roundings: the same operations
+      // whichever side sits in registers (no contraction).
+      const MergeWeights w = left ? merge_weights(m_run[r], ml.x) : merge_weights(ml.x, m_run[r]);
+      l_run[r] = left ? merge_value(l_run[r], ml.y, w) : merge_value(ml.y, l_run[r], w);
+      m_run[r] = w.m;
 #pragma unroll
       for (int j = 0; j < kWarpCols / 8; ++j) {
         const float2 x = __ldcg(reinterpret_cast<const float2*>(src + 8 * j + 2 * q4));
         float& a = o[j][2 * r];
         float& c = o[j][2 * r + 1];
-        a = left ? __fmaf_rn(a, wl, __fmul_rn(x.x, wr)) : __fmaf_rn(x.x, wl, __fmul_rn(a, wr));
-        c = left ? __fmaf_rn(c, wl, __fmul_rn(x.y, wr)) : __fmaf_rn(x.y, wl, __fmul_rn(c, wr));
+        a = left ? merge_value(a, x.x, w) : merge_value(x.x, a, w);
+        c = left ? merge_value(c, x.y, w) : merge_value(x.y, c, w);
       }
     }
   }
