@@ -119,20 +119,8 @@ if [ -x "$NCU" ] && [ "${KILN_NCU:-1}" = 1 ]; then  # KILN_NCU=0 skips it (~1 mi
     timeout 150 "$NCU" --metrics gpu__time_duration.sum --csv --cache-control none --clock-control none \
       .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
       --batch-sizes "$2" --prompt-len "$3" --decode-steps "$4" --no-warmup --enforce-eager > "$OUT/ncu_$1.csv" 2>/dev/null
-    python3 - "$OUT/ncu_$1.csv" "$1" <<'PY' || true
-import csv, sys, collections, re
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-head = rows[0]; name_i = head.index("Kernel Name"); val_i = head.index("Metric Value"); unit_i = head.index("Metric Unit")
-tot = collections.defaultdict(lambda: [0.0, 0])
-for r in rows[1:]:
-    v = float(r[val_i].replace(",", "")) * {"ns": 1e-3, "nsecond": 1e-3, "us": 1, "usecond": 1, "ms": 1e3, "msecond": 1e3}.get(r[unit_i], 1)
-    n = re.sub(r"\(.*", "", r[name_i]); n = re.sub(r"^(void )?(kiln::ops::cuda::)?", "", n)[:90]
-    tot[n][0] += v; tot[n][1] += 1
-all_us = sum(t for t, _ in tot.values())
-print(f"kernels ({sys.argv[2]}, ncu): {all_us/1e3:.1f} ms in {sum(c for _, c in tot.values())} launches")
-for n, (t, c) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:22]:
-    print(f"  {t/1e3:9.2f} ms {100*t/all_us:5.1f}% {c:6d} x {t/c:9.1f} us  {n}")
-PY
+    echo "kernels ($1, ncu):"
+    python3 scripts/ncu-kernel-sum.py "$OUT/ncu_$1.csv" --segment all --top 22 || true
   done
 fi
 # The device tool brings back at most 8 files: everything travels in one archive.

@@ -123,12 +123,18 @@ __global__ void add_kernel(AddParams p) {
   if (i < p.n) p.out[i] = p.a[i] + p.b[i];
 }
 
+// V columns a thread (row_pass_at).
+template <int V>
 __global__ void swiglu_kernel(SwigluParams p) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= p.rows * p.inter) return;
-  const int64_t r = i / p.inter, c = i % p.inter;
-  const float g = p.gate_up[r * 2 * p.inter + c], u = p.gate_up[r * 2 * p.inter + p.inter + c];
-  p.out[i] = g / (1.0f + __expf(-g)) * u;
+  int64_t r, c;
+  if (!row_pass_at(p.inter, V, r, c)) return;
+  const float* gu = p.gate_up + r * 2 * p.inter + c;
+  float g[V], u[V];
+  load_vec(gu, g);
+  load_vec(gu + p.inter, u);
+#pragma unroll
+  for (int i = 0; i < V; ++i) g[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+  store_vec(p.out + r * p.inter + c, g);
 }
 
 // One thread per (token, head, pair).
@@ -224,7 +230,11 @@ void add(const AddParams& p, cudaStream_t s) {
   if (p.n) launch_pdl(add_kernel, dim3(blocks_for(p.n, 256)), dim3(256), 0, s, p);
 }
 void swiglu(const SwigluParams& p, cudaStream_t s) {
-  if (p.rows * p.inter) swiglu_kernel<<<blocks_for(p.rows * p.inter, 256), 256, 0, s>>>(p);
+  if (p.rows * p.inter == 0) return;
+  if (p.inter % 4 == 0 && aligned16(p.gate_up) && aligned16(p.out))
+    swiglu_kernel<4><<<row_pass_blocks(p.rows, p.inter, 4), kRowPassThreads, 0, s>>>(p);
+  else
+    swiglu_kernel<1><<<row_pass_blocks(p.rows, p.inter, 1), kRowPassThreads, 0, s>>>(p);
 }
 void rope(const RopeParams& p, cudaStream_t s) {
   const int64_t n = p.num_tokens * p.num_heads * (p.rot_dim / 2);

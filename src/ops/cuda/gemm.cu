@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 #include <tuple>
 
@@ -28,25 +29,78 @@ namespace kiln::ops::cuda {
 namespace {
 
 // Head h = blockIdx.y of x [m, heads, k] -> out[h] = hi [m, k] then (split) lo [m, k], bf16,
-// x ≈ hi + lo; without split, out[h] = hi alone.
+// x ≈ hi + lo; without split, out[h] = hi alone. V columns a thread (row_pass_at).
+template <int V>
 __global__ void split_bf16_kernel(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m,
                                   int64_t k, bool split) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= m * k) return;
-  __nv_bfloat16* o = out + blockIdx.y * (split ? 2 : 1) * m * k;
-  store_bf16_parts(x[blockIdx.y * head_stride + (i / k) * stride + i % k], o + i, split ? o + m * k + i : nullptr);
+  int64_t r, c;
+  if (!row_pass_at(k, V, r, c)) return;
+  float v[V];
+  load_vec(x + blockIdx.y * head_stride + r * stride + c, v);
+  __nv_bfloat16 h[V], l[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &h[i], &l[i]);
+  __nv_bfloat16* hi = out + blockIdx.y * (split ? 2 : 1) * m * k + r * k + c;
+  store_vec(hi, h);
+  if (split) store_vec(hi + m * k, l);
 }
 
 // Head h = blockIdx.y: y[i, h, j] = t[h][i, j] + t[h][m + i, j] (halves; else t[h][i, j] alone),
-// plus add[i, h, j] (laid out as y) when given: a fused addend costs no pass of its own.
+// plus add[i, h, j] (laid out as y) when given: a fused addend costs no pass of its own. V columns
+// a thread (row_pass_at).
+template <int V>
 __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, bool halves, float* y, int64_t y_stride,
                                   int64_t y_head_stride, const float* add) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= m * n) return;
-  const int64_t r = i / n, c = i % n, o = blockIdx.y * y_head_stride + r * y_stride + c;
-  const float* th = t + blockIdx.y * (halves ? 2 : 1) * m * n;
-  const float v = halves ? th[i] + th[m * n + i] : th[i];
-  y[o] = add ? v + add[o] : v;
+  int64_t r, c;
+  if (!row_pass_at(n, V, r, c)) return;
+  const float* th = t + blockIdx.y * (halves ? 2 : 1) * m * n + r * n + c;
+  const int64_t o = blockIdx.y * y_head_stride + r * y_stride + c;
+  float v[V];
+  load_vec(th, v);
+  if (halves) {
+    float w[V];
+    load_vec(th + m * n, w);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] += w[i];
+  }
+  if (add) {
+    float a[V];
+    load_vec(add + o, a);
+#pragma unroll
+    for (int i = 0; i < V; ++i) v[i] += a[i];
+  }
+  store_vec(y + o, v);
+}
+
+// The passes above take 4 columns a thread when every row start is 16-byte aligned.
+bool rows_vec4(int64_t cols, std::initializer_list<int64_t> strides, std::initializer_list<const void*> ptrs) {
+  if (cols % 4) return false;
+  for (int64_t st : strides)
+    if (st % 4) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
+}
+
+void split_bf16(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m, int64_t k,
+                int64_t heads, bool split, cudaStream_t s) {
+  // 8-byte bf16 stores: out + h * parts * m * k + r * k stays 8-byte aligned when k % 4 == 0.
+  const bool vec = rows_vec4(k, {stride, head_stride}, {x}) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const dim3 grid(row_pass_blocks(m, k, vec ? 4 : 1), static_cast<unsigned>(heads));
+  if (vec)
+    split_bf16_kernel<4><<<grid, kRowPassThreads, 0, s>>>(x, stride, head_stride, out, m, k, split);
+  else
+    split_bf16_kernel<1><<<grid, kRowPassThreads, 0, s>>>(x, stride, head_stride, out, m, k, split);
+}
+
+void sum_halves(const float* t, int64_t m, int64_t n, int64_t heads, bool halves, float* y, int64_t y_stride,
+                int64_t y_head_stride, const float* add, cudaStream_t s) {
+  const bool vec = rows_vec4(n, {y_stride, y_head_stride}, {t, y, add});
+  const dim3 grid(row_pass_blocks(m, n, vec ? 4 : 1), static_cast<unsigned>(heads));
+  if (vec)
+    sum_halves_kernel<4><<<grid, kRowPassThreads, 0, s>>>(t, m, n, halves, y, y_stride, y_head_stride, add);
+  else
+    sum_halves_kernel<1><<<grid, kRowPassThreads, 0, s>>>(t, m, n, halves, y, y_stride, y_head_stride, add);
 }
 
 }  // namespace
@@ -194,8 +248,7 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
     }
     float* t = tbuf.get<float>(static_cast<size_t>(p.heads * p.m * p.n));  // products, then + add into y
     matmul(CUDA_R_32F, p.w, p.w_head_stride, p.x, xs, p.x_head_stride, t, p.n, p.m * p.n, p.m, p.n, p.k, p.heads, s);
-    const dim3 grid(blocks_for(p.m * p.n, 256), static_cast<unsigned>(p.heads));
-    sum_halves_kernel<<<grid, 256, 0, s>>>(t, p.m, p.n, false, p.y, ys, p.y_head_stride, add);
+    sum_halves(t, p.m, p.n, p.heads, false, p.y, ys, p.y_head_stride, add, s);
     return;
   }
   KILN_REQUIRE(p.w_dtype == DType::BF16, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));
@@ -203,8 +256,7 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
   // the halves summed.
   const int64_t parts = split ? 2 : 1;
   auto* xb = xbuf.get<__nv_bfloat16>(static_cast<size_t>(p.heads * parts * p.m * p.k));
-  const dim3 split_grid(blocks_for(p.m * p.k, 256), static_cast<unsigned>(p.heads));
-  split_bf16_kernel<<<split_grid, 256, 0, s>>>(p.x, xs, p.x_head_stride, xb, p.m, p.k, split);
+  split_bf16(p.x, xs, p.x_head_stride, xb, p.m, p.k, p.heads, split, s);
   // One part and nothing to add: the GEMM writes y in place when every row starts 256-byte
   // aligned, as cuBLASLt's heuristics assume by default (else through scratch, like the halves).
   const bool y_aligned = reinterpret_cast<uintptr_t>(p.y) % 256 == 0 && ys % 64 == 0 && p.y_head_stride % 64 == 0;
@@ -215,8 +267,7 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
   float* t = tbuf.get<float>(static_cast<size_t>(p.heads * parts * p.m * p.n));
   matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, parts * p.m * p.k, t, p.n, parts * p.m * p.n, parts * p.m, p.n,
          p.k, p.heads, s);
-  const dim3 sum_grid(blocks_for(p.m * p.n, 256), static_cast<unsigned>(p.heads));
-  sum_halves_kernel<<<sum_grid, 256, 0, s>>>(t, p.m, p.n, split, p.y, ys, p.y_head_stride, add);
+  sum_halves(t, p.m, p.n, p.heads, split, p.y, ys, p.y_head_stride, add, s);
 }
 
 void Gemm::linear(const LinearParams& p, cudaStream_t s) {

@@ -105,66 +105,6 @@ void for_token_chunks(const MoeParams& p, int64_t per_token_bytes, int64_t fixed
   }
 }
 
-// V consecutive values at p as f32, and back, for the row-wise glue passes (gather, SwiGLU,
-// combine): 16-byte loads and stores where V values fill them (p then 16-byte aligned), V = 1 the
-// scalar fallback for odd widths and unaligned pointers. Values are converted one by one exactly
-// as a scalar loop would, so a vectorised pass gives the same bits as a scalar one.
-template <int V>
-__device__ __forceinline__ void load_vec(const float* p, float (&v)[V]) {
-  if constexpr (V % 4 == 0) {
-#pragma unroll
-    for (int q = 0; q < V / 4; ++q) {
-      const float4 f = reinterpret_cast<const float4*>(p)[q];
-      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = p[i];
-  }
-}
-template <int V>
-__device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&v)[V]) {
-  if constexpr (V % 8 == 0) {
-#pragma unroll
-    for (int q = 0; q < V / 8; ++q) {
-      float f[8];
-      bf16x8_to_f32(reinterpret_cast<const uint4*>(p)[q], f);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[8 * q + i] = f[i];
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = __bfloat162float(p[i]);
-  }
-}
-template <int V>
-__device__ __forceinline__ void store_vec(float* p, const float (&v)[V]) {
-  if constexpr (V % 4 == 0) {
-#pragma unroll
-    for (int q = 0; q < V / 4; ++q)
-      reinterpret_cast<float4*>(p)[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) p[i] = v[i];
-  }
-}
-template <int V>
-__device__ __forceinline__ void store_vec(__nv_bfloat16* p, const __nv_bfloat16 (&v)[V]) {
-  if constexpr (V % 8 == 0) {
-#pragma unroll
-    for (int q = 0; q < V / 8; ++q) {
-      uint4 u;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) h[i] = __halves2bfloat162(v[8 * q + 2 * i], v[8 * q + 2 * i + 1]);
-      reinterpret_cast<uint4*>(p)[q] = u;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < V; ++i) p[i] = v[i];
-  }
-}
-
 // The deterministic combine (moe.cu), one CTA per token: out[t, h] = Σ_j w[t, j] · y_j[h] + extra[t, h]
 // + add[t, h], j in order, f32 accumulation, y_j = y[row_of[t * top_k + j]] (+ y[row_lo[...]] when
 // row_lo is given: moe_cublas.cu's hi and lo halves); row -1 (a dropped slot) adds nothing; extra

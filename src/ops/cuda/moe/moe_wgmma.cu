@@ -30,13 +30,15 @@
 // Ceiling at an 8k-token Moonlight prefill (49k routed rows, bf16): gate/up 49k x 2816 x 2048 and
 // down 49k x 2048 x 1408 are 850 GFLOP, ~0.95 ms at the H200's measured 893 TFLOP/s; at 1k tokens
 // the ~1.1 GB of expert weights, read once, are ~0.26 ms at 4.3 TB/s. Measured (Nsight Compute,
-// bf16, clocks unlocked at ~1.75 GHz): at 8k gate/up 1.16-1.18 ms (~520 TFLOP/s of padded-tile
-// work, ~54% of the SM's throughput; 1.50 ms at Nsight's default base clock) and down 0.59-0.66 ms;
-// at 1k 299 and 158-166 us. Measured the same or slower (docs/results.md): a warp-specialised
-// variant (TMA weight loads, a producer warpgroup, mbarriers); every copy's source precomputed;
-// the next loads issued right after the wgmmas (one barrier a step, two stages ahead); weight
-// panels multicast by TMA to two-CTA clusters of one expert's row tiles (half the L2 reads, but a
-// cluster barrier a step).
+// bf16, clocks unlocked at ~1.75 GHz, session 15): at 8k gate/up 1.05 ms (61% of the SM's
+// throughput, issue slots 17% busy) and down 558 us; at 1k 280 and 144 us (DRAM ~60% busy). Before
+// the copies lost their per-step address arithmetic: 1.17 ms (54%, issue slots 34%), 599, 299 and
+// 148 us. Measured the same or slower (docs/results.md): a warp-specialised variant (TMA weight
+// loads, a producer warpgroup, mbarriers); the next loads issued right after the wgmmas (one
+// barrier a step, two stages ahead); weight panels multicast by TMA to two-CTA clusters of one
+// expert's row tiles (half the L2 reads, but a cluster barrier a step); L2 prefetches of the weight
+// rows 6-12 steps ahead, or 512 B - 2 KB of each row at a time (cp.async.bulk.prefetch); no proxy
+// fence before the wgmmas (not correct, and not faster either).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/moe_internal.cuh"
@@ -138,49 +140,61 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   // gate/up: columns j0.. of act; down: columns n0.. of y.
   const int64_t n0 = col_tile * (kGateUp ? kBN / 2 : kBN);
 
-  // This thread's 16-byte chunk (tid % 8) of A rows tid / 8 + 32 q and weight rows likewise.
+  // This thread's 16-byte chunk (tid % 8) of A rows tid / 8 + 32 q and weight rows likewise: one
+  // swizzled shared offset (rows 32 apart share their swizzle phase), one source pointer per copy
+  // advanced by the step, and the gathered A rows' source size (0 for padding slots: zeros, nothing
+  // read) fixed for the whole K loop. Weight rows past n read row n - 1 instead of zero-filling:
+  // their products land only in columns past n, which nothing reads. Computing each copy's address,
+  // predicate and size per step had cost the issuing warps ~250 instructions a step, between one
+  // step's wgmmas and the next (SASS, H200). Padding rows must not read a real row instead: at 256
+  // tokens most of each tile is padding, and all of them reading token 0's row took the MoE layer
+  // with split activations to 709 us, against 588 zero-filling (H200, session 15 runs 10 and 11:
+  // two machines; decode at batch 256 confirmed it in one run).
   const int chunk = tid % 8, row0 = tid / 8;
-  int64_t a_off[kAChunks];  // element offset of the row in part hi; -1: a zero row
+  const uint32_t smem_off = sw128_offset(row0, chunk);
+  const char* a_src[kAChunks];
+  uint32_t a_bytes[kAChunks];
 #pragma unroll
   for (int q = 0; q < kAChunks; ++q) {
-    const int64_t r = tile * kBM + row0 + 32 * q;
+    int64_t row = tile * kBM + row0 + 32 * q;
+    a_bytes[q] = 16;
     if constexpr (kGateUp) {
-      const int32_t slot = p.sorted_slot[r];
-      a_off[q] = slot < 0 ? -1 : (slot / p.top_k) * p.lda;
-    } else {
-      a_off[q] = r * p.lda;
+      const int32_t slot = p.sorted_slot[row];
+      row = slot < 0 ? 0 : slot / p.top_k;
+      a_bytes[q] = slot < 0 ? 0 : 16;
     }
+    a_src[q] = reinterpret_cast<const char*>(p.a + row * p.lda + chunk * 8);
   }
   const __nv_bfloat16* w_e = p.w + static_cast<int64_t>(e) * p.w_rows * p.K;
-  int64_t b_off[kBChunks];  // element offset of the weight row in w_e; -1: past n (zeros)
+  const char* b_src[kBChunks];
 #pragma unroll
   for (int q = 0; q < kBChunks; ++q) {
     const int r = row0 + 32 * q;
-    int64_t col = n0 + r, wrow = col;
-    if constexpr (kGateUp) {
-      col = n0 + r % (kBN / 2);
+    int64_t col = n0 + r, wrow;
+    if constexpr (kGateUp) col = n0 + r % (kBN / 2);
+    col = col < p.n ? col : p.n - 1;
+    if constexpr (kGateUp)
       wrow = r < kBN / 2 ? col : p.n + col;  // gate rows, then the matching up rows
-    }
-    b_off[q] = col < p.n ? wrow * p.K : -1;
+    else
+      wrow = col;
+    b_src[q] = reinterpret_cast<const char*>(w_e + wrow * p.K + chunk * 8);
   }
+  const int64_t a_lo_bytes = p.a_lo * 2;
 
   const int steps = static_cast<int>(p.K / kBK);
   auto issue = [&](int step) {
     if (step < steps) {
-      unsigned char* a_s = smem + (step % P::kStages) * P::kStageBytes;
-      unsigned char* b_s = a_s + P::kParts * kAPanel;
-      const int64_t k0 = static_cast<int64_t>(step) * kBK + chunk * 8;
+      const uint32_t a_s = smem_u32(smem) + (step % P::kStages) * P::kStageBytes + smem_off;
+      const uint32_t b_s = a_s + P::kParts * kAPanel;
+      const int64_t k_bytes = static_cast<int64_t>(step) * kBK * 2;
 #pragma unroll
-      for (int part = 0; part < P::kParts; ++part) {
-        const __nv_bfloat16* a = p.a + (part ? p.a_lo : 0) + k0;
+      for (int part = 0; part < P::kParts; ++part)
 #pragma unroll
         for (int q = 0; q < kAChunks; ++q)
-          cp_async16(a_s + part * kAPanel + sw128_offset(row0 + 32 * q, chunk), a_off[q] < 0 ? p.a : a + a_off[q],
-                     a_off[q] >= 0);
-      }
+          cp_async16_bytes(a_s + part * kAPanel + q * 32 * 128, a_src[q] + k_bytes + (part ? a_lo_bytes : 0),
+                           a_bytes[q]);
 #pragma unroll
-      for (int q = 0; q < kBChunks; ++q)
-        cp_async16(b_s + sw128_offset(row0 + 32 * q, chunk), b_off[q] < 0 ? p.w : w_e + b_off[q] + k0, b_off[q] >= 0);
+      for (int q = 0; q < kBChunks; ++q) cp_async16_bytes(b_s + q * 32 * 128, b_src[q] + k_bytes, 16u);
     }
     cp_async_commit();  // always one group per call, so the waits below count steps
   };
