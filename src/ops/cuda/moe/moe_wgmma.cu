@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   // predicate and size per step had cost the issuing warps ~250 instructions a step, between one
   // step's wgmmas and the next (SASS, H200). Padding rows must not read a real row instead: at 256
   // tokens most of each tile is padding, and all of them reading token 0's row took the MoE layer
-  // with split activations to 709 us, against 588 zero-filling (H200, session 15 runs 10 and 11:
-  // two machines; decode at batch 256 confirmed it in one run).
+  // with split activations to 709 us, against 588 zero-filling (H200, session 15 runs 10 and 11,
+  // two machines; session 14's kernel measured 618 on a third).
   const int chunk = tid % 8, row0 = tid / 8;
   const uint32_t smem_off = sw128_offset(row0, chunk);
   const char* a_src[kAChunks];
