@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -203,6 +204,16 @@ __device__ __forceinline__ void store_vec(__nv_bfloat16* p, const __nv_bfloat16 
 
 __host__ __device__ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+// Whether a row pass may take 4 columns a thread: the width and every row stride multiples of 4
+// elements, every base (null: none) 16-byte aligned.
+inline bool rows_vec4(int64_t cols, std::initializer_list<int64_t> strides, std::initializer_list<const void*> ptrs) {
+  if (cols % 4) return false;
+  for (int64_t st : strides)
+    if (st % 4) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
 }
 
 // Split cluster barrier (sm_90): arrive without ordering memory (e.g. "this CTA has started"),

@@ -2,6 +2,7 @@
 // op family (elementwise, gemm, mla/, moe/). Activations f32, weights bf16 (or f32), f32 math.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -23,6 +24,12 @@ void log_softmax(const LogSoftmaxParams& p, cudaStream_t s);
 void sample(const SampleParams& p, cudaStream_t s);
 // Fills n values of dtype (F32 or BF16) with uniform(-scale, scale) from a counter hash of seed.
 void fill_random(void* data, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+
+// Row pass (gemm.cu): x f32, head h's row r at x + h * head_stride + r * stride (k values) ->
+// out[h] = bf16 hi [m, ld] then (split) lo [m, ld], x ≈ hi + lo, columns k..ld - 1 zero; without
+// split, out[h] = hi alone. How f32 activations enter the tensor-core GEMMs.
+void split_bf16(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m, int64_t k,
+                int64_t ld, int64_t heads, bool split, cudaStream_t s);
 
 // cuBLASLt GEMM: y = x · wᵀ with bf16 operands and f32 accumulation/output (see gemm.cu for how
 // f32 activations keep their precision).

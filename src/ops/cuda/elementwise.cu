@@ -231,7 +231,7 @@ void add(const AddParams& p, cudaStream_t s) {
 }
 void swiglu(const SwigluParams& p, cudaStream_t s) {
   if (p.rows * p.inter == 0) return;
-  if (p.inter % 4 == 0 && aligned16(p.gate_up) && aligned16(p.out))
+  if (rows_vec4(p.inter, {2 * p.inter}, {p.gate_up, p.out}))
     swiglu_kernel<4><<<row_pass_blocks(p.rows, p.inter, 4), kRowPassThreads, 0, s>>>(p);
   else
     swiglu_kernel<1><<<row_pass_blocks(p.rows, p.inter, 1), kRowPassThreads, 0, s>>>(p);

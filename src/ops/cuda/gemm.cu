@@ -28,21 +28,22 @@
 namespace kiln::ops::cuda {
 namespace {
 
-// Head h = blockIdx.y of x [m, heads, k] -> out[h] = hi [m, k] then (split) lo [m, k], bf16,
-// x ≈ hi + lo; without split, out[h] = hi alone. V columns a thread (row_pass_at).
+// Head h = blockIdx.y of x [m, heads, k] -> out[h] = hi [m, ld] then (split) lo [m, ld], bf16,
+// x ≈ hi + lo, columns k..ld - 1 zero; without split, out[h] = hi alone. V columns a thread
+// (row_pass_at; k and ld multiples of V, so a vector is all data or all padding).
 template <int V>
 __global__ void split_bf16_kernel(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m,
-                                  int64_t k, bool split) {
+                                  int64_t k, int64_t ld, bool split) {
   int64_t r, c;
-  if (!row_pass_at(k, V, r, c)) return;
-  float v[V];
-  load_vec(x + blockIdx.y * head_stride + r * stride + c, v);
+  if (!row_pass_at(ld, V, r, c)) return;
+  float v[V] = {};
+  if (c < k) load_vec(x + blockIdx.y * head_stride + r * stride + c, v);
   __nv_bfloat16 h[V], l[V];
 #pragma unroll
   for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &h[i], &l[i]);
-  __nv_bfloat16* hi = out + blockIdx.y * (split ? 2 : 1) * m * k + r * k + c;
+  __nv_bfloat16* hi = out + blockIdx.y * (split ? 2 : 1) * m * ld + r * ld + c;
   store_vec(hi, h);
-  if (split) store_vec(hi + m * k, l);
+  if (split) store_vec(hi + m * ld, l);
 }
 
 // Head h = blockIdx.y: y[i, h, j] = t[h][i, j] + t[h][m + i, j] (halves; else t[h][i, j] alone),
@@ -72,26 +73,21 @@ __global__ void sum_halves_kernel(const float* t, int64_t m, int64_t n, bool hal
   store_vec(y + o, v);
 }
 
-// The passes above take 4 columns a thread when every row start is 16-byte aligned.
-bool rows_vec4(int64_t cols, std::initializer_list<int64_t> strides, std::initializer_list<const void*> ptrs) {
-  if (cols % 4) return false;
-  for (int64_t st : strides)
-    if (st % 4) return false;
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
-}
+}  // namespace
 
 void split_bf16(const float* x, int64_t stride, int64_t head_stride, __nv_bfloat16* out, int64_t m, int64_t k,
-                int64_t heads, bool split, cudaStream_t s) {
-  // 8-byte bf16 stores: out + h * parts * m * k + r * k stays 8-byte aligned when k % 4 == 0.
-  const bool vec = rows_vec4(k, {stride, head_stride}, {x}) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
-  const dim3 grid(row_pass_blocks(m, k, vec ? 4 : 1), static_cast<unsigned>(heads));
+                int64_t ld, int64_t heads, bool split, cudaStream_t s) {
+  if (m == 0) return;
+  // 8-byte bf16 stores: out + h * parts * m * ld + r * ld + c stays 8-byte aligned when ld % 4 == 0.
+  const bool vec = rows_vec4(k, {stride, head_stride, ld}, {x}) && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const dim3 grid(row_pass_blocks(m, ld, vec ? 4 : 1), static_cast<unsigned>(heads));
   if (vec)
-    split_bf16_kernel<4><<<grid, kRowPassThreads, 0, s>>>(x, stride, head_stride, out, m, k, split);
+    split_bf16_kernel<4><<<grid, kRowPassThreads, 0, s>>>(x, stride, head_stride, out, m, k, ld, split);
   else
-    split_bf16_kernel<1><<<grid, kRowPassThreads, 0, s>>>(x, stride, head_stride, out, m, k, split);
+    split_bf16_kernel<1><<<grid, kRowPassThreads, 0, s>>>(x, stride, head_stride, out, m, k, ld, split);
 }
+
+namespace {
 
 void sum_halves(const float* t, int64_t m, int64_t n, int64_t heads, bool halves, float* y, int64_t y_stride,
                 int64_t y_head_stride, const float* add, cudaStream_t s) {
@@ -256,7 +252,7 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
   // the halves summed.
   const int64_t parts = split ? 2 : 1;
   auto* xb = xbuf.get<__nv_bfloat16>(static_cast<size_t>(p.heads * parts * p.m * p.k));
-  split_bf16(p.x, xs, p.x_head_stride, xb, p.m, p.k, p.heads, split, s);
+  split_bf16(p.x, xs, p.x_head_stride, xb, p.m, p.k, p.k, p.heads, split, s);
   // One part and nothing to add: the GEMM writes y in place when every row starts 256-byte
   // aligned, as cuBLASLt's heuristics assume by default (else through scratch, like the halves).
   const bool y_aligned = reinterpret_cast<uintptr_t>(p.y) % 256 == 0 && ys % 64 == 0 && p.y_head_stride % 64 == 0;

@@ -72,37 +72,6 @@ void launch_combine(const Y* y, const int32_t* row_of, const int32_t* row_lo, co
     combine_kernel<Y, 1><<<grid, row_threads(hidden), 0, s>>>(y, row_of, row_lo, w, top_k, hidden, extra, add, out);
 }
 
-// Split x [T, H] f32 into bf16 parts x ≈ hi + lo: out [2][T][H_pad], pad columns 0 (unsplit: hi
-// alone). Done once per layer so the gate/up GEMM gathers rows of both parts with plain cp.async
-// copies (each token is read by k experts and by every column block of the GEMM). V columns a
-// thread (row_pass_at; 4 when the widths allow 16-byte loads of x and 8-byte stores to out).
-template <int V>
-__global__ void split_rows_kernel(const float* x, int64_t rows, int64_t cols, int64_t cols_pad, bool split,
-                                  __nv_bfloat16* out) {
-  int64_t r, c;
-  if (!row_pass_at(cols_pad, V, r, c)) return;
-  float v[V] = {};
-  if (c < cols) load_vec(x + r * cols + c, v);  // cols is a multiple of V: all data or all padding
-  __nv_bfloat16 h[V], l[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &h[i], &l[i]);
-  __nv_bfloat16* hi = out + r * cols_pad + c;
-  store_vec(hi, h);
-  if (split) store_vec(hi + rows * cols_pad, l);
-}
-
-void split_rows(const float* x, int64_t rows, int64_t cols, int64_t cols_pad, bool split, __nv_bfloat16* out,
-                cudaStream_t s) {
-  if (rows == 0) return;
-  // 8-byte bf16 stores: every row and the lo part start at multiples of 4 columns.
-  if (cols % 4 == 0 && cols_pad % 4 == 0 && aligned16(x) && reinterpret_cast<uintptr_t>(out) % 8 == 0)
-    split_rows_kernel<4>
-        <<<row_pass_blocks(rows, cols_pad, 4), kRowPassThreads, 0, s>>>(x, rows, cols, cols_pad, split, out);
-  else
-    split_rows_kernel<1>
-        <<<row_pass_blocks(rows, cols_pad, 1), kRowPassThreads, 0, s>>>(x, rows, cols, cols_pad, split, out);
-}
-
 // M tile per launch shape: small tiles while the expected rows per expert are few (decode batches:
 // the step is bound by reading the chosen experts' weights, padding rows only cost compute), 64 rows
 // once experts fill them (prefill: tensor-core bound, larger tiles re-read less of A and W).
@@ -134,7 +103,9 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
   const auto* wd = static_cast<const __nv_bfloat16*>(p.w_down);
 
   moe_align(p.topk_ids, slots, E, layout, s);
-  split_rows(p.x, T, H, H_pad, split, xs, s);
+  // x split once per layer (pad columns 0), so the gate/up GEMM gathers rows of both parts with
+  // plain 16-byte copies: each token is read by k experts and by every column block.
+  split_bf16(p.x, H, 0, xs, T, H, H_pad, 1, split, s);
   const GateUpArgs gate_up{xs, T, H, H_pad, k, wgu, I, I_pad, act, split};
   const DownArgs down{act, I, I_pad, wd, H, y, split};
   if (wgmma) {

@@ -56,6 +56,9 @@ struct DecodeArgs {
   float* act;        // [T * k, I] routed activations, then [T, S] shared
   float* out;        // [T, H]
   const float* add;  // [T, H] added to out (null: none)
+  // down_combine_kernel's segments (set by the launcher): units (8-column chunks, or columns) of a
+  // routed row (ni) and of the shared row (ns), pieces per row (pi, ps) and their lengths (li, ls).
+  int32_t ni, ns, pi, ps, li, ls;
 };
 
 __device__ __forceinline__ void fma8(const uint4& w, const float* x, float& acc) {
@@ -133,19 +136,22 @@ template <int CHUNK, int NT>  // CHUNK: 16-byte gate loads per lane and pass (as
 __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
     gate_up_kernel(DecodeArgs a, bool vec, bool prefetch) {
   const int lane = threadIdx.x & 31;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const int64_t slots = a.T * a.k, routed = slots * a.I, groups = (a.T + NT - 1) / NT, shared = a.S * groups;
+  // 32-bit task arithmetic (the launcher checks that the tasks fit): a 64-bit division by a runtime
+  // value is a subroutine of ~70 instructions, against a warp's few hundred in all.
+  const uint32_t w = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const auto slots = static_cast<uint32_t>(a.T * a.k), routed = slots * static_cast<uint32_t>(a.I),
+             groups = static_cast<uint32_t>((a.T + NT - 1) / NT), shared = static_cast<uint32_t>(a.S) * groups;
   // With `prefetch` (off by default, see above) the shared rows, which are constant, start towards
   // L2 while the router finishes. Routed rows depend on its choice, so they wait.
   if (prefetch && vec && lane == 0 && w < shared && w % groups == 0) {
-    const int64_t j = w / groups;
+    const uint32_t j = w / groups;
     prefetch_l2(a.s_gate_up + j * a.H, static_cast<uint32_t>(a.H * 2));
     prefetch_l2(a.s_gate_up + (a.S + j) * a.H, static_cast<uint32_t>(a.H * 2));
   }
   pdl_wait();
   pdl_trigger();
   if (w < shared) {
-    const int64_t j = w / groups, t0 = w % groups * NT;
+    const uint32_t j = w / groups, t0 = w % groups * NT;
     const int tokens = static_cast<int>(min(static_cast<int64_t>(NT), a.T - t0));
     float g[NT] = {}, u[NT] = {};
     const __nv_bfloat16* row = a.s_gate_up + j * a.H;
@@ -157,12 +163,13 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
       if (lane == 0) a.act[routed + (t0 + t) * a.S + j] = silu_mul(gv, uv);
     }
   } else if (w - shared < routed) {
-    const int64_t slot = (w - shared) % slots, j = (w - shared) / slots;
+    const uint32_t slot = (w - shared) % slots, j = (w - shared) / slots;
     const int32_t e = a.ids[slot];
     float g[1] = {0.0f}, u[1] = {0.0f};
     if (e >= 0 && e < a.E) {  // an out-of-range id is a dropped slot: activation 0
       const __nv_bfloat16* row = a.w_gate_up + (static_cast<int64_t>(e) * 2 * a.I + j) * a.H;
-      pair_dots<CHUNK, 1>(row, row + a.I * a.H, a.x + (slot / a.k) * a.H, a.H, 1, vec, lane, g, u);
+      pair_dots<CHUNK, 1>(row, row + a.I * a.H, a.x + (slot / static_cast<uint32_t>(a.k)) * a.H, a.H, 1, vec, lane, g,
+                          u);
     }
     g[0] = warp_sum(g[0]);
     u[0] = warp_sum(u[0]);
@@ -193,38 +200,41 @@ constexpr int kSegChunks = 6;  // 8 spilled at 64 registers
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(DecodeArgs a, bool vec) {
   __shared__ float part_s[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = blockIdx.x % a.T, h = blockIdx.x / a.T;
+  // 32-bit index arithmetic, and the segments' sizes from the launcher. With them computed here by
+  // 64-bit divisions the kernel executed 10.8M instructions at one token (now 6.4M): ~660 a warp,
+  // of which its loads and dot products need about 110 (an estimate), all before the warp's loads
+  // could issue (Nsight Compute, H200: 21.5 -> 18.7 us alone; single-stream steps 2.28-2.33 ->
+  // 2.22-2.25 ms, 8 streams 8.43-8.45 -> 7.84-7.92; session 16 run 5). Measured and not kept: 5
+  // CTAs an SM at 48 registers (occupancy 43 -> 54%: 18.6 us alone, steps within 2.5% either way).
+  const auto T = static_cast<uint32_t>(a.T), t = blockIdx.x % T, h = blockIdx.x / T;
   if (vec && threadIdx.x == 0 && t == 0 && a.S > 0) prefetch_l2(a.s_down + h * a.S, static_cast<uint32_t>(a.S * 2));
   pdl_wait();
   pdl_trigger();
-  // Units: 8-column chunks (vec) or columns.
-  const int64_t ni = vec ? a.I / 8 : a.I, ns = vec ? a.S / 8 : a.S;
-  constexpr int64_t kSeg = 32 * kSegChunks;
-  const int64_t pi = (ni + kSeg - 1) / kSeg, ps = (ns + kSeg - 1) / kSeg;
-  const int64_t li = pi ? (ni + pi - 1) / pi : 0, ls = ps ? (ns + ps - 1) / ps : 0;  // segment lengths
-  float acc = 0.0f;                                                                  // lane-partial, segments in order
-  for (int64_t n = warp; n < a.k * pi + ps; n += kWarps) {
+  const int k = static_cast<int>(a.k), routed_segs = k * a.pi;
+  float acc = 0.0f;  // lane-partial, segments in order
+  for (int n = warp; n < routed_segs + a.ps; n += kWarps) {
     const __nv_bfloat16* w;
     const float* x;
-    int64_t b, end;
+    int b, end;  // units
     float scale = 1.0f;
-    if (n < a.k * pi) {
-      const int64_t slot = t * a.k + n / pi;
+    if (n < routed_segs) {
+      const int j = a.pi == 1 ? n : n / a.pi;
+      const int64_t slot = int64_t{t} * k + j;
       const int32_t e = a.ids[slot];
       if (e < 0 || e >= a.E) continue;  // a dropped slot adds nothing
       w = a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I;
       x = a.act + slot * a.I;
-      b = (n % pi) * li, end = min(ni, b + li), scale = a.wts[slot];
+      b = (n - j * a.pi) * a.li, end = min(a.ni, b + a.li), scale = a.wts[slot];
     } else {
       w = a.s_down + h * a.S;
       x = a.act + a.T * a.k * a.I + t * a.S;
-      b = (n - a.k * pi) * ls, end = min(ns, b + ls);
+      b = (n - routed_segs) * a.ls, end = min(a.ns, b + a.ls);
     }
     float part = 0.0f;
     if (vec) {
       const uint4* wl = reinterpret_cast<const uint4*>(w) + b + lane;  // this lane's chunks, 32 apart
       const float* xl = x + (b + lane) * 8;
-      const int left = static_cast<int>(end - b) - lane;  // chunks c · 32 < left are this lane's
+      const int left = end - b - lane;  // chunks c · 32 < left are this lane's
       uint4 v[kSegChunks];
 #pragma unroll
       for (int c = 0; c < kSegChunks; ++c)
@@ -233,7 +243,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(D
       for (int c = 0; c < kSegChunks; ++c)
         if (c * 32 < left) fma8(v[c], xl + c * 256, part);
     } else {
-      for (int64_t i = b + lane; i < end; i += 32) part += __bfloat162float(w[i]) * x[i];
+      for (int i = b + lane; i < end; i += 32) part += __bfloat162float(w[i]) * x[i];
     }
     acc += scale * part;
   }
@@ -243,7 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(D
   if (threadIdx.x == 0) {
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kWarps; ++k) sum += part_s[k];
+    for (int q = 0; q < kWarps; ++q) sum += part_s[q];
     a.out[t * a.H + h] = a.add ? sum + a.add[t * a.H + h] : sum;
   }
 }
@@ -274,9 +284,20 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
       H % 8 == 0 && aligned16(p.x) && aligned16(p.w_gate_up) && (S == 0 || aligned16(p.w_shared_gate_up));
   const bool vec_d =
       I % 8 == 0 && S % 8 == 0 && aligned16(a.act) && aligned16(p.w_down) && (S == 0 || aligned16(p.w_shared_down));
+  // The down kernel's segments: a routed row in pi pieces, the shared row in ps, each at most
+  // kSegChunks · 32 units.
+  constexpr int64_t kSeg = 32 * kSegChunks;
+  const int64_t ni = vec_d ? I / 8 : I, ns = vec_d ? S / 8 : S, pi = (ni + kSeg - 1) / kSeg,
+                ps = (ns + kSeg - 1) / kSeg;
+  a.ni = static_cast<int32_t>(ni), a.ns = static_cast<int32_t>(ns);
+  a.pi = static_cast<int32_t>(pi), a.ps = static_cast<int32_t>(ps);
+  a.li = static_cast<int32_t>(pi ? (ni + pi - 1) / pi : 0), a.ls = static_cast<int32_t>(ps ? (ns + ps - 1) / ps : 0);
   static const bool prefetch = env_int("KILN_MOE_SHARED_PREFETCH", 0, 0, 1) != 0;  // see gate_up_kernel
   const int nt = T == 1 ? 1 : kSharedTokens;
   const int64_t groups = (T + nt - 1) / nt;
+  KILN_REQUIRE(T * k * I + S * groups < (int64_t{1} << 31) && T * H < (int64_t{1} << 31) && I < (int64_t{1} << 30) &&
+                   S < (int64_t{1} << 30) && k * pi + ps < (1 << 30),
+               "moe decode: " + std::to_string(T) + " tokens of these widths exceed the kernels' 32-bit indices");
   // 4 gate + 4 up loads in flight per lane measured the same as 8 + 8 (2.90 vs 2.91 ms per
   // single-stream step on H200) with fewer registers. A persistent grid (only the CTAs that fit,
   // striding over tasks) made this op faster alone (47.7 vs 49.1 us) but whole steps slower with
