@@ -301,23 +301,46 @@ __device__ __forceinline__ float block_max(float v, float* smem32) {
 // replay write into memory someone else owns. Growth doubles, so retired bytes stay below the live.
 class GrowOnlyScratch {
  public:
+  GrowOnlyScratch() = default;
   template <typename T>
   T* get(size_t count) {
     const size_t need = count * sizeof(T);
     std::lock_guard<std::mutex> lock(mu_);
     if (need > bytes_) {
+      void* fresh = nullptr;
+      const size_t n = need > 2 * bytes_ ? need : 2 * bytes_;
+      KILN_CUDA_CHECK(cudaMalloc(&fresh, n));
+      if (zeroed_) {
+        // On a private stream, waited for here: the caller's stream may be capturing a graph, where
+        // a memset would run only at replay, after eager launches had used the memory.
+        cudaStream_t st = nullptr;  // on the current device, as the memory is
+        KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        KILN_CUDA_CHECK(cudaMemsetAsync(fresh, 0, n, st));
+        KILN_CUDA_CHECK(cudaStreamSynchronize(st));
+        KILN_CUDA_CHECK(cudaStreamDestroy(st));
+      }
       if (ptr_) retired_.push_back(ptr_);
-      bytes_ = need > 2 * bytes_ ? need : 2 * bytes_;
-      KILN_CUDA_CHECK(cudaMalloc(&ptr_, bytes_));
+      ptr_ = fresh, bytes_ = n;
     }
     return static_cast<T*>(ptr_);
   }
 
+ protected:
+  explicit GrowOnlyScratch(bool zeroed) : zeroed_(zeroed) {}
+
  private:
+  bool zeroed_ = false;
   std::mutex mu_;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
   std::vector<void*> retired_;
+};
+
+// Scratch that is zero whenever a launch starts (counters, histograms): zeroed when it grows, and
+// every kernel using it leaves it zero (the last arrival resets its counter).
+class ZeroedScratch : public GrowOnlyScratch {
+ public:
+  ZeroedScratch() : GrowOnlyScratch(true) {}
 };
 
 }  // namespace kiln::ops::cuda

@@ -20,7 +20,6 @@
 // of a CDF boundary, or a top-p / min-p cut sits within rounding of its threshold: measured ~0 in
 // tests/ops/sampling_parity_test.cc.
 #include <algorithm>
-#include <mutex>
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/sampling_common.cuh"
@@ -435,19 +434,10 @@ void sample(const SampleParams& p, cudaStream_t s) {
   Plan P{};
   P.chunk_len = std::max<int64_t>(512, ((p.vocab + want - 1) / want + 3) / 4 * 4);
   P.chunks = (p.vocab + P.chunk_len - 1) / P.chunk_len;
-  // Zeroed scratch (histograms, counters): zeroed when it grows, left zero by every launch.
-  static std::mutex mu;
-  static GrowOnlyScratch zeroed, work, copies;
-  static size_t zeroed_rows = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (static_cast<size_t>(p.rows) > zeroed_rows) {
-      zeroed_rows = std::max(static_cast<size_t>(p.rows), 2 * zeroed_rows);
-      ZeroRow* z = zeroed.get<ZeroRow>(zeroed_rows);
-      KILN_CUDA_CHECK(cudaMemsetAsync(z, 0, zeroed_rows * sizeof(ZeroRow), s));
-    }
-    P.zero = zeroed.get<ZeroRow>(zeroed_rows);
-  }
+  // Histograms and counters: zero when a launch starts, left zero by every launch.
+  static ZeroedScratch zeroed;
+  static GrowOnlyScratch work, copies;
+  P.zero = zeroed.get<ZeroRow>(static_cast<size_t>(p.rows));
   const auto rows = static_cast<size_t>(p.rows), slots = rows * static_cast<size_t>(P.chunks);
   const size_t off_part = rows * sizeof(RowState), off_tv = off_part + slots * sizeof(Partial),
                off_ti = off_tv + slots * kMaxTop * sizeof(float), bytes = off_ti + slots * kMaxTop * sizeof(int);

@@ -10,7 +10,6 @@
 // (mla_decode_mma.cuh) and merge their splits inside the same kernel; f32 pools and other latent
 // shapes (the small test models) run the CUDA-core kernel below and a second, merging kernel.
 #include <algorithm>
-#include <mutex>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -212,31 +211,11 @@ void launch_cuda_cores(const MlaAbsorbedParams& p, cudaStream_t s) {
   if (splits > 1) combine(p, po, pm, splits, s);
 }
 
-// The tensor-core kernel's merge-tree counters. Every launch leaves them zero, so they are zeroed
-// only when allocated: on a private stream, waited for here, because the caller's stream may be
-// capturing a graph, where a memset would run only at replay (after eager launches had used the
-// counters). Grow-only like the scratch: a captured graph keeps the address it saw.
+// The tensor-core kernel's merge-tree counters (left zero by every launch).
 int* merge_counters(size_t count) {
-  static std::mutex mu;
-  static int* ptr = nullptr;
-  static size_t have = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (count > have) {
-    // ctas * tree_width(splits) < 2 * (CTAs in one wave): 4096 covers any current GPU in one go.
-    const size_t n = std::max({count, 2 * have, size_t{4096}});
-    static cudaStream_t zero_stream = [] {
-      cudaStream_t st = nullptr;
-      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      return st;
-    }();
-    int* fresh = nullptr;  // the old block is retired, never freed
-    KILN_CUDA_CHECK(cudaMalloc(&fresh, n * sizeof(int)));
-    KILN_CUDA_CHECK(cudaMemsetAsync(fresh, 0, n * sizeof(int), zero_stream));
-    KILN_CUDA_CHECK(cudaStreamSynchronize(zero_stream));
-    ptr = fresh;
-    have = n;
-  }
-  return ptr;
+  static ZeroedScratch counters;
+  // ctas * tree_width(splits) < 2 * (CTAs in one wave): 4096 covers any current GPU in one go.
+  return counters.get<int>(std::max(count, size_t{4096}));
 }
 
 // Query rows up to which 16-head decode takes the 4-stage kernel (KILN_MLA_SMALL_Q overrides it,
