@@ -337,7 +337,9 @@ class GrowOnlyScratch {
 };
 
 // Scratch that is zero whenever a launch starts (counters, histograms): zeroed when it grows, and
-// every kernel using it leaves it zero (the last arrival resets its counter).
+// every kernel using it leaves it zero (the last arrival resets what it merged: its counter, and
+// the sampler's histogram bins). Growing during a capture relies on the backend's relaxed capture
+// mode, which allows the allocation, the private stream and the wait.
 class ZeroedScratch : public GrowOnlyScratch {
  public:
   ZeroedScratch() : GrowOnlyScratch(true) {}
