@@ -70,9 +70,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // grid.x = total_q * splits * head_groups, head group fastest (CLUSTER: split fastest): the CTAs that read the same KV
 // rows run side by side and meet in L2. The root of each merge tree writes normalised outputs to p.out; part_out
@@ -225,7 +222,7 @@ __global__ void __launch_bounds__(HT* kWarpsPerTile * 32, HT == 1 ? 2 : 1)
       *reinterpret_cast<float2*>(mine + g * kSStride + 8 * n + 2 * q4) = make_float2(sp[n][0], sp[n][1]);
       *reinterpret_cast<float2*>(mine + (g + 8) * kSStride + 8 * n + 2 * q4) = make_float2(sp[n][2], sp[n][3]);
     }
-    named_barrier(1 + ht, kWarpsPerTile * 32);
+    named_barrier_sync(1 + ht, kWarpsPerTile * 32);
     // Full S in log2 units, masked past the chunk's end; the same order of sums in every warp.
     const int64_t jt = j0 + static_cast<int64_t>(t) * kTileRows;
     float s[4][4];

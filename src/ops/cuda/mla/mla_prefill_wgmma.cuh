@@ -24,7 +24,11 @@
 // short.
 //
 // Measured on H200 (docs/results.md): 16 heads at 8k tokens 350 TFLOP/s against 194 for the
-// mma.sync flash kernel it replaced (same tiles, K/V read per warp through ldmatrix).
+// mma.sync flash kernel it replaced (same tiles, K/V read per warp through ldmatrix). Session 18,
+// the warpgroups' S wgmmas ordered (ping-pong): this kernel alone at 8k, 904 -> 830 us a layer in one
+// run (2 · 320 · 16 heads · 8000 · 8001 / 2 FLOP: ~363 -> ~395 TFLOP/s). Measured and left out:
+// 4 stages (815-818 vs 827-829 us in another run, whole 8k prefills +0.4%); P·V's wait deferred
+// into the next tile's S wait (ptxas serialises the wgmmas, C7515: not timed).
 #pragma once
 
 #include "ops/cuda/cuda_common.cuh"
@@ -220,6 +224,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     wgmma_fence();
+    // Ping-pong: warpgroup 1 issues its S only after warpgroup 0 has issued its own. The intent: the
+    // tensor cores take warpgroup 0's S first, then warpgroup 1's while warpgroup 0 runs its softmax,
+    // instead of both softmaxes leaving them idle at once (measured: the kernel faster, its tensor
+    // pipe busier; not the schedule itself). The barrier at each tile's top realigns the two.
+    if (wg == 1) named_barrier_sync(1, kThreads);
 #pragma unroll
     for (int kk = 0; kk < kQk / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // k-step inside the panel
@@ -227,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
                          wgmma_desc_sw128(k_addr + (kk / 4) * (kBN * 128) + off), kk > 0);
     }
     wgmma_commit();
+    if (wg == 0) named_barrier_arrive(1, kThreads);
     wgmma_wait<0>();
     wgmma_fence_regs(s);
 

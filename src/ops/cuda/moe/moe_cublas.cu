@@ -100,7 +100,7 @@ __global__ void swiglu_split_kernel(const float* gu, const int32_t* tile_expert,
   const float* glo = gu + d.lo * 2 * inter;
   for (int64_t j = threadIdx.x; j < inter; j += blockDim.x) {
     const float g = ghi[j] + glo[j], u = ghi[inter + j] + glo[inter + j];
-    const float v = g / (1.0f + expf(-g)) * u;  // as the grouped kernels' epilogue
+    const float v = silu_mul(g, u);
     store_bf16_parts(v, act2 + d.hi * inter + j, act2 + d.lo * inter + j);
   }
 }
@@ -119,7 +119,7 @@ __global__ void swiglu_bf16_kernel(const __nv_bfloat16* gu, const int32_t* tile_
     load_vec(row + inter + j, u);
     __nv_bfloat16 a[V];
 #pragma unroll
-    for (int i = 0; i < V; ++i) a[i] = __float2bfloat16(g[i] / (1.0f + expf(-g[i])) * u[i]);
+    for (int i = 0; i < V; ++i) a[i] = __float2bfloat16(silu_mul(g[i], u[i]));
     store_vec(act + r * inter + j, a);
   }
 }

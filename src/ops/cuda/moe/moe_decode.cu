@@ -112,8 +112,10 @@ __device__ __forceinline__ void pair_dots(const __nv_bfloat16* g, const __nv_bfl
   }
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) {
-  return g / (1.0f + __expf(-g)) * u;  // as the swiglu op
+// IEEE division, as the swiglu op: these kernels are expected to be bound by their weight reads, and
+// one value a warp is cheap (not measured; the grouped GEMMs' epilogues use silu_mul, moe_internal.cuh).
+__device__ __forceinline__ float silu_mul_ieee(float g, float u) {
+  return g / (1.0f + __expf(-g)) * u;
 }
 
 // Tokens per shared-expert task (NT): a warp applies one pair of shared rows to up to this many
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
     for (int t = 0; t < NT; ++t) {
       if (t >= tokens) break;
       const float gv = warp_sum(g[t]), uv = warp_sum(u[t]);
-      if (lane == 0) a.act[routed + (t0 + t) * a.S + j] = silu_mul(gv, uv);
+      if (lane == 0) a.act[routed + (t0 + t) * a.S + j] = silu_mul_ieee(gv, uv);
     }
   } else if (w - shared < routed) {
     const uint32_t slot = (w - shared) % slots, j = (w - shared) / slots;
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
     }
     g[0] = warp_sum(g[0]);
     u[0] = warp_sum(u[0]);
-    if (lane == 0) a.act[slot * a.I + j] = silu_mul(g[0], u[0]);
+    if (lane == 0) a.act[slot * a.I + j] = silu_mul_ieee(g[0], u[0]);
   }
 }
 

@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(WM* WN * 32) grouped_gemm_kernel(KernelArgs p)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float gt = acc[i][q][2 * h + c], up = acc[i][q + kNT / 2][2 * h + c];
-            v[c] = j + c < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // pad columns stay 0
+            v[c] = j + c < p.n ? silu_mul(gt, up) : 0.0f;  // pad columns stay 0
           }
           const __nv_bfloat162 hi = __floats2bfloat162_rn(v[0], v[1]);
           *reinterpret_cast<__nv_bfloat162*>(p.act + row * p.ldo + j) = hi;
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(kSkWarps * 32) grouped_skinny_kernel(KernelArg
     if (kGateUp) {
       if (j >= p.ldo) continue;
       const float gt = total(r, c), up = total(r, kCols + c);
-      const float v = j < p.n ? gt / (1.0f + expf(-gt)) * up : 0.0f;  // as the kernel above
+      const float v = j < p.n ? silu_mul(gt, up) : 0.0f;
       store_bf16_parts(v, p.act + row * p.ldo + j, kSplit ? p.act + p.act_lo + row * p.ldo + j : nullptr);
     } else if (j < p.n) {
       p.y[row * p.n + j] = total(r, c);

@@ -33,12 +33,16 @@
 // bf16, clocks unlocked at ~1.75 GHz, session 15): at 8k gate/up 1.05 ms (61% of the SM's
 // throughput, issue slots 17% busy) and down 558 us; at 1k 280 and 144 us (DRAM ~60% busy). Before
 // the copies lost their per-step address arithmetic: 1.17 ms (54%, issue slots 34%), 599, 299 and
-// 148 us. Measured the same or slower (docs/results.md): a warp-specialised variant (TMA weight
+// 148 us. Session 18: the gate/up kernel at 1k with IEEE division in its epilogue 297-301 us, with
+// silu_mul's fast division 248-249 (one run's A/B binary; the old kernel measured 277-288 on other
+// machines). Measured the same or slower (docs/results.md): a warp-specialised variant (TMA weight
 // loads, a producer warpgroup, mbarriers); the next loads issued right after the wgmmas (one
 // barrier a step, two stages ahead); weight panels multicast by TMA to two-CTA clusters of one
 // expert's row tiles (half the L2 reads, but a cluster barrier a step); L2 prefetches of the weight
 // rows 6-12 steps ahead, or 512 B - 2 KB of each row at a time (cp.async.bulk.prefetch); no proxy
-// fence before the wgmmas (not correct, and not faster either).
+// fence before the wgmmas (not correct, and not faster either); padding rows of A reading real rows
+// instead of zero-filling (266-269 vs 297-301 us at 1k with IEEE division in the epilogue, 251-252
+// vs 248-249 with silu_mul's).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/moe_internal.cuh"
@@ -92,7 +96,7 @@ __device__ __forceinline__ void store_tile(const Args& p, const float (&acc)[128
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const float g = acc[4 * j + 2 * h + i], u = acc[4 * (j + kBN / 16) + 2 * h + i];
-          v[i] = g / (1.0f + expf(-g)) * u;  // as the mma.sync kernels' epilogue
+          v[i] = silu_mul(g, u);
         }
         const int64_t at = (row_base + 8 * h) * p.ldo + col;
         __nv_bfloat16 hi[2], lo[2];
