@@ -133,7 +133,7 @@ __global__ void swiglu_kernel(SwigluParams p) {
   load_vec(gu, g);
   load_vec(gu + p.inter, u);
 #pragma unroll
-  for (int i = 0; i < V; ++i) g[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+  for (int i = 0; i < V; ++i) g[i] = silu_mul_ieee(g[i], u[i]);
   store_vec(p.out + r * p.inter + c, g);
 }
 

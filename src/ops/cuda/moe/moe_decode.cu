@@ -112,12 +112,6 @@ __device__ __forceinline__ void pair_dots(const __nv_bfloat16* g, const __nv_bfl
   }
 }
 
-// IEEE division, as the swiglu op: these kernels are expected to be bound by their weight reads, and
-// one value a warp is cheap (not measured; the grouped GEMMs' epilogues use silu_mul, moe_internal.cuh).
-__device__ __forceinline__ float silu_mul_ieee(float g, float u) {
-  return g / (1.0f + __expf(-g)) * u;
-}
-
 // Tokens per shared-expert task (NT): a warp applies one pair of shared rows to up to this many
 // tokens. 4 for batches (93 registers, uncapped); 1 for a single token, which fits kMinBlocks CTAs
 // per SM where the registers of 4 would spill.

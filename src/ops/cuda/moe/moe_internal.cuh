@@ -23,16 +23,6 @@
 
 namespace kiln::ops::cuda::moe_detail {
 
-// silu(g) · u, the SwiGLU of the grouped expert GEMMs' epilogues (and of the cuBLASLt path's pass).
-// Fast exp and division: in one session-18 run's A/B binary (H200, bf16 activations, a runtime
-// switch between the two) the wgmma gate/up kernel at 1k tokens took 297-301 us alone with IEEE
-// division and 248-249 with this. Finite g below ~-87.3 gives -0 (the denominator is past 2^126).
-// The decode kernels and the swiglu op keep IEEE division (expected to be bound by memory there;
-// not measured).
-__device__ __forceinline__ float silu_mul(float g, float u) {
-  return __fdividef(g, 1.0f + __expf(-g)) * u;
-}
-
 // Decode-sized steps (<= moe_gemv_max_tokens() tokens, cuda_ops.h): moe_decode.cu.
 void moe_decode(const MoeParams& p, cudaStream_t s);
 
