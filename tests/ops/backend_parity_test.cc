@@ -144,7 +144,8 @@ TEST(Parity, Linear) {
 TEST(Parity, LinearHeads) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
-  for (int64_t m : {1, 2, 3, 8, 9, 33, 64, 300}) {  // GEMV to 8 rows (tensor cores from 2), batched GEMM beyond
+  // GEMV to 8 rows (tensor cores from 2), batched GEMM beyond (split halves as two GEMMs from 512)
+  for (int64_t m : {1, 2, 3, 8, 9, 33, 64, 300, 600}) {
     for (int64_t heads : {1, 5, 12, 16}) {
       const int64_t n = 512, k = 128, xs = heads * (k + 64), ys = heads * (n + 64);  // strided like the model
       auto x = bf16_round(randn(static_cast<size_t>(m * xs), 20));
@@ -210,10 +211,12 @@ TEST(Parity, LinearBf16Activations) {
 // and the residual add inside the last, against the op sequence it replaces.
 struct FusedLinearCase {
   int64_t m, n, k;
-  int variant;  // 0: norm; 1: norm + residual + add, strided rows; 2: add alone, strided; 3: f32 norm weight + residual
+  // 0: norm; 1: norm + residual + add, strided rows; 2: add alone, strided; 3: f32 norm weight +
+  // residual; 4: as 1 with dense rows (cuBLASLt adds through the GEMM's C operand)
+  int variant;
   bool norm() const { return variant != 2; }
-  bool residual() const { return variant == 1 || variant == 3; }
-  bool add() const { return variant == 1 || variant == 2; }
+  bool residual() const { return variant == 1 || variant == 3 || variant == 4; }
+  bool add() const { return variant == 1 || variant == 2 || variant == 4; }
   int64_t xs() const { return variant == 1 || variant == 2 ? k + 4 : k; }
   int64_t ys() const { return variant == 1 || variant == 2 ? n + 3 : n; }
   std::string str() const {
@@ -277,6 +280,10 @@ std::vector<FusedLinearCase> fused_linear_cases() {
   for (int64_t m : {1, 3, 8, 9, 64})
     for (int64_t k : {2048, 1000, 7, 2056, 11264})
       for (int variant = 0; variant < 4; ++variant) cases.push_back({m, 300, k, variant});
+  // cuBLASLt writing y itself (rows 256-byte aligned): the add as its C operand, and split
+  // activations as two GEMMs from 512 rows (the lo one accumulating).
+  for (int64_t m : {9, 64, 600})
+    for (int variant = 0; variant < 5; ++variant) cases.push_back({m, 512, 2048, variant});
   return cases;
 }
 
@@ -296,6 +303,26 @@ TEST(Parity, LinearWithFusedNormAndAdd) {
   for (const FusedLinearCase& c : fused_linear_cases()) {
     const FusedLinearInputs in = fused_linear_inputs(c, seed += 5);
     EXPECT_LE(norm_err(run_fused_linear(*cpu, c, in, true), run_fused_linear(*gpu, c, in, true)), 1e-4) << c.str();
+  }
+}
+
+// Past the GEMV sizes the input norm writes the GEMM's bf16 parts itself: the same bits as the
+// rms_norm op's f32 rows split by the GEMM, with split and with bf16-rounded activations.
+TEST(Parity, LinearNormPartsEqualNormThenLinear) {
+  KILN_NEED_GPU();
+  auto& gpu = *backends().gpu;
+  uint64_t seed = 900;
+  for (DType act : {DType::F32, DType::BF16}) {
+    const GpuActivations mode(act);
+    for (int64_t m : {9, 64, 600})
+      for (int64_t k : {2048, 1000, 7})
+        for (int variant : {0, 3})
+          for (int64_t n : {300, 512}) {
+            const FusedLinearCase c{m, n, k, variant};
+            const FusedLinearInputs in = fused_linear_inputs(c, seed += 5);
+            EXPECT_EQ(run_fused_linear(gpu, c, in, true), run_fused_linear(gpu, c, in, false))
+                << c.str() << ", activations " << dtype_name(act);
+          }
   }
 }
 

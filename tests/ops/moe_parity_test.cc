@@ -283,6 +283,7 @@ TEST(Parity, MoeExperts) {
   shapes.push_back({16, 2048, 1408, 64, 6, MoeRouting::FewExperts, 2816});
   for (int64_t T : {1, 4, 37}) shapes.push_back({T, 96, 40, 8, 2, MoeRouting::Random, 80});
   for (int64_t T : {1, 3, 6}) shapes.push_back({T, 90, 36, 6, 2, MoeRouting::Random, 36});
+  shapes.push_back({37, 90, 36, 6, 2, MoeRouting::Random, 38});  // the shared SwiGLU's scalar path
   shapes.push_back({1, 7168, 2048, 8, 8, MoeRouting::Random, 2048});
   // Decode GEMVs with experts chosen by many tokens: every token's slot 0, few experts, every token
   // taking all 4; then one without shared experts.

@@ -202,6 +202,18 @@ __device__ __forceinline__ void store_vec(__nv_bfloat16* p, const __nv_bfloat16 
   }
 }
 
+// V values as bf16 at hi and, when lo_offset is not 0, their rounding remainders lo_offset
+// elements further (store_bf16_parts per value, stored as store_vec does): how every row pass
+// that feeds a tensor-core GEMM writes its f32 results.
+template <int V>
+__device__ __forceinline__ void store_parts_vec(__nv_bfloat16* hi, int64_t lo_offset, const float (&v)[V]) {
+  __nv_bfloat16 h[V], l[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &h[i], &l[i]);
+  store_vec(hi, h);
+  if (lo_offset) store_vec(hi + lo_offset, l);
+}
+
 __host__ __device__ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }

@@ -11,11 +11,22 @@
 
 namespace kiln::ops::cuda {
 
+// Where a row pass writes its f32 results as the bf16 parts a tensor-core GEMM reads (the layout
+// split_bf16 writes, Gemm::linear_parts reads): row r at hi + r * ld, its rounding remainders
+// lo_offset elements after it (0: hi alone, activations rounded once).
+struct BfParts {
+  __nv_bfloat16* hi;
+  int64_t ld, lo_offset;
+};
+
 void copy(const CopyParams& p, cudaStream_t s);
 void embedding(const EmbeddingParams& p, cudaStream_t s);
 void rms_norm(const RmsNormParams& p, cudaStream_t s);
+// The same norm written as bf16 parts (p.out unused): saves the GEMM after it a split pass.
+void rms_norm(const RmsNormParams& p, const BfParts& out, cudaStream_t s);
 void add(const AddParams& p, cudaStream_t s);
 void swiglu(const SwigluParams& p, cudaStream_t s);
+void swiglu(const SwigluParams& p, const BfParts& out, cudaStream_t s);  // p.out unused
 void rope(const RopeParams& p, cudaStream_t s);
 void kv_scatter(const KvScatterParams& p, cudaStream_t s);
 void kv_gather(const KvGatherParams& p, cudaStream_t s);
@@ -39,6 +50,11 @@ class Gemm {
   ~Gemm();
   void linear(const LinearParams& p, cudaStream_t s);
   void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
+  // y = x · wᵀ (+ add, laid out as y) from x already in bf16 parts (BfParts: lo_offset m · ldx with
+  // split activations, else 0; pad columns k..ldx - 1 not read), w bf16 [n, k], y [m, n] rows
+  // y_stride apart (0: n). Any m: no GEMV path.
+  void linear_parts(const __nv_bfloat16* x, int64_t ldx, const void* w, float* y, int64_t y_stride, int64_t m,
+                    int64_t n, int64_t k, const float* add, cudaStream_t s);
   // Independent GEMMs of one shape but their row counts, y_g = x_g · w_gᵀ: w_g [n, k] bf16
   // row-major, x_g [rows_g, k] bf16 rows ldx apart, y_g [rows_g, n] rows ldy apart, y_dtype F32 or
   // BF16 (f32 accumulation either way, rounded once on the store). They run on side streams,

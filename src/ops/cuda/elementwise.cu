@@ -39,8 +39,11 @@ __device__ __forceinline__ float4 load_w4(const void* w, int64_t i, bool bf16) {
 // after the reduction, and its first kPreW of x + residual stay in registers for the second pass.
 // H200 (session 13): the single-stream input norm's body 4.8 -> 2.0-2.3 us after its release (kernel
 // trace), single-stream steps 2.56-2.66 -> 2.53-2.60 ms in two runs.
+// kParts: the normalised row is written as bf16 parts (`parts`) instead of f32 at p.out.
 constexpr int kPreW = 2;
-__global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf16, bool vec, bool preload) {
+template <bool kParts>
+__global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf16, bool vec, bool preload,
+                                BfParts parts) {
   float4 w_pre[kPreW];
   if (vec && preload) {
 #pragma unroll
@@ -53,7 +56,8 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf
   pdl_trigger();
   __shared__ float red[32];
   const float* x = p.x + blockIdx.x * xs;
-  float* o = p.out + blockIdx.x * os;
+  float* o = kParts ? nullptr : p.out + blockIdx.x * os;
+  __nv_bfloat16* o_parts = kParts ? parts.hi + blockIdx.x * parts.ld : nullptr;
   float ss = 0;
   if (vec) {
     const int64_t n4 = p.dim / 4;
@@ -90,8 +94,11 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf
     const float inv = block_rms_inv(ss, p.dim, p.eps, red);
     trace_phase(1);
     auto store = [&](int64_t i, const float4& v, const float4& w) {
-      reinterpret_cast<float4*>(o)[i] =
-          make_float4(w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv));
+      const float y[4] = {w.x * (v.x * inv), w.y * (v.y * inv), w.z * (v.z * inv), w.w * (v.w * inv)};
+      if constexpr (kParts)
+        store_parts_vec(o_parts + 4 * i, parts.lo_offset, y);
+      else
+        store_vec(o + 4 * i, y);
     };
 #pragma unroll
     for (int j = 0; j < kPreW; ++j) {
@@ -112,8 +119,13 @@ __global__ void rms_norm_kernel(RmsNormParams p, int64_t xs, int64_t os, bool bf
   }
   if (sum) x = sum, res = nullptr;
   const float inv = block_rms_inv(ss, p.dim, p.eps, red);
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x)
-    o[i] = load_w(p.weight, i, bf16) * ((res ? x[i] + res[i] : x[i]) * inv);
+  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
+    const float y[1] = {load_w(p.weight, i, bf16) * ((res ? x[i] + res[i] : x[i]) * inv)};
+    if constexpr (kParts)
+      store_parts_vec(o_parts + i, parts.lo_offset, y);
+    else
+      o[i] = y[0];
+  }
 }
 
 __global__ void add_kernel(AddParams p) {
@@ -123,9 +135,9 @@ __global__ void add_kernel(AddParams p) {
   if (i < p.n) p.out[i] = p.a[i] + p.b[i];
 }
 
-// V columns a thread (row_pass_at).
-template <int V>
-__global__ void swiglu_kernel(SwigluParams p) {
+// V columns a thread (row_pass_at); kParts: written as bf16 parts (`parts`) instead of f32 at p.out.
+template <int V, bool kParts>
+__global__ void swiglu_kernel(SwigluParams p, BfParts parts) {
   int64_t r, c;
   if (!row_pass_at(p.inter, V, r, c)) return;
   const float* gu = p.gate_up + r * 2 * p.inter + c;
@@ -134,7 +146,10 @@ __global__ void swiglu_kernel(SwigluParams p) {
   load_vec(gu + p.inter, u);
 #pragma unroll
   for (int i = 0; i < V; ++i) g[i] = silu_mul_ieee(g[i], u[i]);
-  store_vec(p.out + r * p.inter + c, g);
+  if constexpr (kParts)
+    store_parts_vec(parts.hi + r * parts.ld + c, parts.lo_offset, g);
+  else
+    store_vec(p.out + r * p.inter + c, g);
 }
 
 // One thread per (token, head, pair).
@@ -216,25 +231,62 @@ void embedding(const EmbeddingParams& p, cudaStream_t s) {
   launch_pdl(embedding_kernel, dim3(static_cast<unsigned>(p.num_tokens)), dim3(row_threads(p.hidden)), 0, s, p,
              p.table_dtype == DType::BF16);
 }
-void rms_norm(const RmsNormParams& p, cudaStream_t s) {
+namespace {
+
+// parts null: f32 rows at p.out.
+void launch_rms_norm(const RmsNormParams& p, const BfParts* parts, cudaStream_t s) {
   if (p.rows == 0) return;
   const int64_t xs = p.x_stride ? p.x_stride : p.dim, os = p.out_stride ? p.out_stride : p.dim;
   auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  const bool vec = p.dim % 4 == 0 && xs % 4 == 0 && os % 4 == 0 && a16(p.x) && a16(p.out) && a16(p.residual) &&
-                   a16(p.sum) && a16(p.weight) && (p.weight_dtype == DType::BF16 || p.weight_dtype == DType::F32);
+  // Parts take 8-byte stores of 4 bf16 (store_vec).
+  const bool out_vec =
+      parts ? parts->ld % 4 == 0 && parts->lo_offset % 4 == 0 && reinterpret_cast<uintptr_t>(parts->hi) % 8 == 0
+            : os % 4 == 0 && a16(p.out);
+  const bool vec = p.dim % 4 == 0 && xs % 4 == 0 && out_vec && a16(p.x) && a16(p.residual) && a16(p.sum) &&
+                   a16(p.weight) && (p.weight_dtype == DType::BF16 || p.weight_dtype == DType::F32);
   static const bool preload = env_int("KILN_NORM_PRELOAD", 1, 0, 1) != 0;
-  launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(p.rows)), dim3(row_threads(vec ? p.dim / 4 : p.dim)), 0, s, p,
-             xs, os, p.weight_dtype == DType::BF16, vec, preload);
+  const dim3 grid(static_cast<unsigned>(p.rows)), block(row_threads(vec ? p.dim / 4 : p.dim));
+  const bool bf16 = p.weight_dtype == DType::BF16;
+  if (parts)
+    launch_pdl(rms_norm_kernel<true>, grid, block, 0, s, p, xs, os, bf16, vec, preload, *parts);
+  else
+    launch_pdl(rms_norm_kernel<false>, grid, block, 0, s, p, xs, os, bf16, vec, preload, BfParts{});
+}
+
+void launch_swiglu(const SwigluParams& p, const BfParts* parts, cudaStream_t s) {
+  if (p.rows * p.inter == 0) return;
+  const bool vec = parts ? rows_vec4(p.inter, {2 * p.inter, parts->ld, parts->lo_offset}, {p.gate_up}) &&
+                               reinterpret_cast<uintptr_t>(parts->hi) % 8 == 0
+                         : rows_vec4(p.inter, {2 * p.inter}, {p.gate_up, p.out});
+  const int v = vec ? 4 : 1;
+  const BfParts out = parts ? *parts : BfParts{};
+  const unsigned grid = row_pass_blocks(p.rows, p.inter, v);
+  if (vec && parts)
+    swiglu_kernel<4, true><<<grid, kRowPassThreads, 0, s>>>(p, out);
+  else if (vec)
+    swiglu_kernel<4, false><<<grid, kRowPassThreads, 0, s>>>(p, out);
+  else if (parts)
+    swiglu_kernel<1, true><<<grid, kRowPassThreads, 0, s>>>(p, out);
+  else
+    swiglu_kernel<1, false><<<grid, kRowPassThreads, 0, s>>>(p, out);
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormParams& p, cudaStream_t s) {
+  launch_rms_norm(p, nullptr, s);
+}
+void rms_norm(const RmsNormParams& p, const BfParts& out, cudaStream_t s) {
+  launch_rms_norm(p, &out, s);
 }
 void add(const AddParams& p, cudaStream_t s) {
   if (p.n) launch_pdl(add_kernel, dim3(blocks_for(p.n, 256)), dim3(256), 0, s, p);
 }
 void swiglu(const SwigluParams& p, cudaStream_t s) {
-  if (p.rows * p.inter == 0) return;
-  if (rows_vec4(p.inter, {2 * p.inter}, {p.gate_up, p.out}))
-    swiglu_kernel<4><<<row_pass_blocks(p.rows, p.inter, 4), kRowPassThreads, 0, s>>>(p);
-  else
-    swiglu_kernel<1><<<row_pass_blocks(p.rows, p.inter, 1), kRowPassThreads, 0, s>>>(p);
+  launch_swiglu(p, nullptr, s);
+}
+void swiglu(const SwigluParams& p, const BfParts& out, cudaStream_t s) {
+  launch_swiglu(p, &out, s);
 }
 void rope(const RopeParams& p, cudaStream_t s) {
   const int64_t n = p.num_tokens * p.num_heads * (p.rot_dim / 2);

@@ -1,11 +1,14 @@
 // y = x · wᵀ through cuBLASLt: bf16 operands, f32 accumulation and output. Activations are f32
 // in the model; rounding them to bf16 alone costs ~0.05 mean |Δ logprob| on the parity fixtures,
-// so by default x is split into two bf16 parts, x ≈ hi + lo (about 16 bits of mantissa), stacked
-// as 2m rows of ONE GEMM (the weights are still read once, which is what decode pays for) and
-// summed. With split activations off (--activation-dtype bf16) x is rounded to bf16 once and the
-// GEMM writes y itself when nothing is added. Algorithm choices are cached per shape and output
-// type: Gemm::grouped (the prefill MoE's per-expert GEMMs) may store bf16 instead of f32, for
-// consumers that read bf16 activations anyway.
+// so by default x is split into two bf16 parts, x ≈ hi + lo (about 16 bits of mantissa). Up to a
+// few hundred rows they are stacked as 2m rows of ONE GEMM (the weights are still read once, which
+// is what decode pays for) and summed by a pass; from kAccumulateMinRows the lo GEMM accumulates
+// into the hi one's y instead. With split activations off (--activation-dtype bf16) x is rounded
+// to bf16 once. Where y's rows are 256-byte aligned the GEMM writes y itself, an addend entering as
+// its C operand. Producers that can (the input RMSNorm, the shared experts' SwiGLU, the MoE's own
+// split) write the parts themselves (BfParts, Gemm::linear_parts), saving the split pass.
+// Algorithm choices are cached per shape and output type: Gemm::grouped (the prefill MoE's
+// per-expert GEMMs) may store bf16 instead of f32, for consumers that read bf16 activations anyway.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -38,12 +41,7 @@ __global__ void split_bf16_kernel(const float* x, int64_t stride, int64_t head_s
   if (!row_pass_at(ld, V, r, c)) return;
   float v[V] = {};
   if (c < k) load_vec(x + blockIdx.y * head_stride + r * stride + c, v);
-  __nv_bfloat16 h[V], l[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &h[i], &l[i]);
-  __nv_bfloat16* hi = out + blockIdx.y * (split ? 2 : 1) * m * ld + r * ld + c;
-  store_vec(hi, h);
-  if (split) store_vec(hi + m * ld, l);
+  store_parts_vec(out + blockIdx.y * (split ? 2 : 1) * m * ld + r * ld + c, split ? m * ld : 0, v);
 }
 
 // Head h = blockIdx.y: y[i, h, j] = t[h][i, j] + t[h][m + i, j] (halves; else t[h][i, j] alone),
@@ -107,10 +105,14 @@ struct Gemm::Impl {
   size_t workspace_size = 64u << 20;
   GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x ([heads][m][k] unsplit)
   GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
-  GrowOnlyScratch nbuf;  // [m][k] normalised x of Gemm::linear's input norm
+  GrowOnlyScratch nbuf;  // [m][k] normalised x of Gemm::linear's input norm (GEMV-sized m)
 
   // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend; split: hi/lo activations.
   void heads(const LinearHeadsParams& p, const float* add, bool split, cudaStream_t s);
+  // The same from x already in bf16 parts (p.x unused; p.x_stride, p.x_head_stride ignored): head
+  // h's hi rows at xb + h * parts * m * ldx, [m, ldx], then its lo rows (split).
+  void from_parts(const LinearHeadsParams& p, const __nv_bfloat16* xb, int64_t ldx, const float* add, bool split,
+                  cudaStream_t s);
   // (rows, n, k, ldb, ldc, heads, batch strides, output type) -> chosen algorithm (ldb < 0: f32
   // operands); the output type matters: a bf16 store is another kernel than an f32 one.
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
@@ -120,9 +122,12 @@ struct Gemm::Impl {
   // c[h] = b[h] · a[h]ᵀ for h < heads: a [n, k] (row-major, heads a_stride elements apart), b [rows, k]
   // rows ldb apart, c [rows, n] rows ldc apart; type: bf16 or f32 operands; c_type: f32 or (bf16
   // operands only) bf16 output, f32 accumulation either way.
+  // addend (laid out as c; may be c itself): c = b · aᵀ + addend, through the GEMM's C operand
+  // (beta = 1).
   void matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb, int64_t b_stride,
               void* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k, int64_t heads, cudaStream_t s,
-              void* ws = nullptr, int64_t algo_rows = 0, cudaDataType_t c_type = CUDA_R_32F);
+              void* ws = nullptr, int64_t algo_rows = 0, cudaDataType_t c_type = CUDA_R_32F,
+              const void* addend = nullptr);
 
   // Side streams for Gemm::grouped, each with its own workspace (cuBLASLt workspaces must not be
   // shared by GEMMs that may run at once); made on first use, on the device current then.
@@ -134,7 +139,8 @@ struct Gemm::Impl {
 
 void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb,
                         int64_t b_stride, void* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k,
-                        int64_t heads, cudaStream_t s, void* ws, int64_t algo_rows, cudaDataType_t c_type) {
+                        int64_t heads, cudaStream_t s, void* ws, int64_t algo_rows, cudaDataType_t c_type,
+                        const void* addend) {
   cublasLtMatmulDesc_t op;
   // Plain CUBLAS_COMPUTE_32F keeps f32 x f32 in full f32 (TF32 needs _FAST_TF32); the PEDANTIC
   // variant picked a ~100x slower kernel (the router gate at 8k tokens took 3.6 ms).
@@ -189,14 +195,16 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
                                 std::to_string(k) + " GEMM (" + std::to_string(heads) + " heads)");
     return &algos.emplace(key, res.algo).first->second;
   };
-  const float alpha = 1.0f, beta = 0.0f;
+  // C and D share a layout, so an algorithm chosen for beta 0 serves beta 1 too (one cache entry).
+  const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
+  const void* c_in = addend ? addend : c;
   void* w = ws ? ws : workspace;
   const cublasLtMatmulAlgo_t* algo = algo_for(algo_rows);
   cublasStatus_t st =
-      algo ? cublasLtMatmul(handle, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, w, workspace_size, s)
+      algo ? cublasLtMatmul(handle, op, &alpha, a, la, b, lb, &beta, c_in, lc, c, lc, algo, w, workspace_size, s)
            : CUBLAS_STATUS_NOT_SUPPORTED;
   if (st != CUBLAS_STATUS_SUCCESS && algo_rows != rows)  // the bucket's algorithm does not fit: search this size
-    st = cublasLtMatmul(handle, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo_for(rows), w, workspace_size, s);
+    st = cublasLtMatmul(handle, op, &alpha, a, la, b, lb, &beta, c_in, lc, c, lc, algo_for(rows), w, workspace_size, s);
   KILN_CUBLAS_CHECK(st);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
@@ -248,21 +256,39 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
     return;
   }
   KILN_REQUIRE(p.w_dtype == DType::BF16, std::string("linear: unsupported weight dtype ") + dtype_name(p.w_dtype));
-  // bf16 weights: every head's x split into hi and lo rows (or rounded once), one batched GEMM,
-  // the halves summed.
+  // bf16 weights: every head's x split into hi and lo rows (or rounded once).
   const int64_t parts = split ? 2 : 1;
   auto* xb = xbuf.get<__nv_bfloat16>(static_cast<size_t>(p.heads * parts * p.m * p.k));
   split_bf16(p.x, xs, p.x_head_stride, xb, p.m, p.k, p.k, p.heads, split, s);
-  // One part and nothing to add: the GEMM writes y in place when every row starts 256-byte
-  // aligned, as cuBLASLt's heuristics assume by default (else through scratch, like the halves).
-  const bool y_aligned = reinterpret_cast<uintptr_t>(p.y) % 256 == 0 && ys % 64 == 0 && p.y_head_stride % 64 == 0;
-  if (!split && !add && y_aligned) {
-    matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, p.m * p.k, p.y, ys, p.y_head_stride, p.m, p.n, p.k, p.heads, s);
+  from_parts(p, xb, p.k, add, split, s);
+}
+
+// Smallest m whose split halves run as two GEMMs, the lo one accumulating into y through its C
+// operand, instead of one GEMM of 2m rows and a pass summing the halves. The two GEMMs read the
+// weights twice, which decode batches pay for; past a few hundred rows the GEMM is bound by its
+// tensor work and the pass (3 m·n floats through HBM) is what is saved. H200, session 19 run 1,
+// every m on two GEMMs against none: prefills with f32 activations +3.1 / +3.9% at 1k tokens and
+// +2.5 / +3.7% at 8k; decode batches slower (128 rows: 7,437 and 8,035 tok/s against 8,317).
+constexpr int64_t kAccumulateMinRows = 512;
+
+void Gemm::Impl::from_parts(const LinearHeadsParams& p, const __nv_bfloat16* xb, int64_t ldx, const float* add,
+                            bool split, cudaStream_t s) {
+  const int64_t parts = split ? 2 : 1, ys = p.y_stride, xh = parts * p.m * ldx;
+  // The GEMM writes y (and reads add as its C) itself when their rows start 256-byte aligned, as
+  // cuBLASLt's heuristics assume by default; else through scratch and a pass, like the halves.
+  auto a256 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 256 == 0; };
+  const bool direct = a256(p.y) && (!add || a256(add)) && ys % 64 == 0 && p.y_head_stride % 64 == 0;
+  if (direct && (!split || p.m >= kAccumulateMinRows)) {
+    matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, ldx, xh, p.y, ys, p.y_head_stride, p.m, p.n, p.k, p.heads, s, nullptr,
+           0, CUDA_R_32F, add);
+    if (split)  // y += lo · wᵀ
+      matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb + p.m * ldx, ldx, xh, p.y, ys, p.y_head_stride, p.m, p.n, p.k,
+             p.heads, s, nullptr, 0, CUDA_R_32F, p.y);
     return;
   }
+  // Both parts as 2m rows of one GEMM (the weights read once), the halves summed (+ add).
   float* t = tbuf.get<float>(static_cast<size_t>(p.heads * parts * p.m * p.n));
-  matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, p.k, parts * p.m * p.k, t, p.n, parts * p.m * p.n, parts * p.m, p.n,
-         p.k, p.heads, s);
+  matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, ldx, xh, t, p.n, parts * p.m * p.n, parts * p.m, p.n, p.k, p.heads, s);
   sum_halves(t, p.m, p.n, p.heads, split, p.y, ys, p.y_head_stride, add, s);
 }
 
@@ -275,16 +301,31 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   }
   KILN_REQUIRE(p.norm_weight_dtype == DType::F32 || p.norm_weight_dtype == DType::BF16,
                std::string("linear: unsupported norm weight dtype ") + dtype_name(p.norm_weight_dtype));
-  // The rms_norm op writes the normalised rows (and the sums it requires) to scratch first.
-  float* xn = impl_->nbuf.get<float>(static_cast<size_t>(p.m * p.k));
-  RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, xn, p.k, p.m, p.k, p.norm_eps};
+  // The rms_norm op writes the normalised rows (and the sums it requires) to scratch first: for the
+  // tensor-core GEMM as its bf16 parts (no split pass), for the GEMV in f32.
+  RmsNormParams n{p.x, xs, p.norm_weight, p.norm_weight_dtype, nullptr, p.k, p.m, p.k, p.norm_eps};
   n.residual = p.norm_residual;
+  if (p.w_dtype == DType::BF16 && p.m > kGemvMaxRows) {
+    auto* xb = impl_->xbuf.get<__nv_bfloat16>(static_cast<size_t>((split_ ? 2 : 1) * p.m * p.k));
+    rms_norm(n, BfParts{xb, p.k, split_ ? p.m * p.k : 0}, s);
+    impl_->from_parts(h, xb, p.k, p.add, split_, s);
+    return;
+  }
+  float* xn = impl_->nbuf.get<float>(static_cast<size_t>(p.m * p.k));
+  n.out = xn;
   // Measured and left out (session 10): the norm triggering the GEMV before its own wait, so that
   // the GEMV's CTAs take SMs as the MoE down kernel drains (1 / 2 / 8 rows: 2.62-2.68 vs 2.60-2.63,
   // 3.79 vs 3.71-3.73, 10.52-10.64 vs 10.42-10.44 ms per step).
   rms_norm(n, s);
   h.x = xn, h.x_stride = p.k;
   impl_->heads(h, p.add, split_, s);
+}
+
+void Gemm::linear_parts(const __nv_bfloat16* x, int64_t ldx, const void* w, float* y, int64_t y_stride, int64_t m,
+                        int64_t n, int64_t k, const float* add, cudaStream_t s) {
+  if (m == 0 || n == 0 || k == 0) return;
+  const LinearHeadsParams h{nullptr, 0, 0, w, 0, DType::BF16, y, y_stride ? y_stride : n, 0, 1, m, n, k};
+  impl_->from_parts(h, x, ldx, add, split_, s);
 }
 
 void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s,

@@ -115,7 +115,7 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
     moe_gate_up_swiglu(gate_up, layout, s);
     moe_down(down, layout, s);
   }
-  const float* shared = shared_mlp(p, gemm, s);
+  const float* shared = shared_mlp(p, xs, H_pad, gemm, s);
   if (y_bf16)
     combine(reinterpret_cast<const __nv_bfloat16*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add,
             p.out, s);
@@ -141,16 +141,20 @@ void moe_wgmma(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
 
 }  // namespace
 
-const float* moe_detail::shared_mlp(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
+const float* moe_detail::shared_mlp(const MoeParams& p, const __nv_bfloat16* x_parts, int64_t ldx, Gemm& gemm,
+                                    cudaStream_t s) {
   if (p.shared_inter <= 0) return nullptr;
   static GrowOnlyScratch gu_buf, act_buf, out_buf;
-  const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden;
+  const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden, parts = gemm.split_activations() ? 2 : 1;
   float* out = out_buf.get<float>(static_cast<size_t>(T * H));
   float* gu = gu_buf.get<float>(static_cast<size_t>(T * 2 * S));
-  float* act = act_buf.get<float>(static_cast<size_t>(T * S));
-  gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
-  swiglu({gu, act, T, S}, s);
-  gemm.linear({act, 0, p.w_shared_down, p.w_dtype, out, 0, T, H, S}, s);
+  auto* act = act_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * T * S));  // [parts][T][S]
+  if (x_parts)
+    gemm.linear_parts(x_parts, ldx, p.w_shared_gate_up, gu, 0, T, 2 * S, H, nullptr, s);
+  else
+    gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
+  swiglu({gu, nullptr, T, S}, BfParts{act, S, parts == 2 ? T * S : 0}, s);  // written as the down GEMM's parts
+  gemm.linear_parts(act, S, p.w_shared_down, out, 0, T, H, S, nullptr, s);
   return out;
 }
 

@@ -81,11 +81,7 @@ __global__ void gather_split_kernel(const float* x, const int32_t* sorted_slot, 
   for (int64_t c = threadIdx.x * int64_t{V}; c < cols; c += blockDim.x * int64_t{V}) {
     float v[V] = {};
     if (src) load_vec(src + c, v);
-    __nv_bfloat16 hi[V], lo[V];  // lo is computed either way (a few ALU ops), stored when split
-#pragma unroll
-    for (int i = 0; i < V; ++i) store_bf16_parts(v[i], &hi[i], &lo[i]);
-    store_vec(x2 + d.hi * cols + c, hi);
-    if (split) store_vec(x2 + d.lo * cols + c, lo);
+    store_parts_vec(x2 + d.hi * cols + c, split ? (d.lo - d.hi) * cols : 0, v);
   }
 }
 
@@ -201,7 +197,7 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
       swiglu_bf16_kernel<8><<<grid, row_threads(I / 8), 0, s>>>(out_bf16, layout.tile_expert, I, in2);
     gemm.grouped(down.data(), static_cast<int64_t>(down.size()), H, I, I, H, s, out_dtype);
   }
-  const float* shared = shared_mlp(p, gemm, s);
+  const float* shared = shared_mlp(p, nullptr, 0, gemm, s);
   if (!split) {  // padded row r is row r of y: the aligned layout's row_of as is
     combine(out_bf16, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
     return;

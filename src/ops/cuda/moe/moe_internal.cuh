@@ -123,9 +123,10 @@ bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 
 // The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu): [T, H] in scratch
-// owned here, valid until the next call; null without shared experts.
-const float* shared_mlp(const MoeParams& p, Gemm& gemm, cudaStream_t s);
-// Its f32 scratch per token: out [H], gate/up [2S] and act [S].
+// owned here, valid until the next call; null without shared experts. x_parts (may be null): p.x
+// already split for the GEMMs (Gemm::linear_parts, rows ldx apart), so it is not split again.
+const float* shared_mlp(const MoeParams& p, const __nv_bfloat16* x_parts, int64_t ldx, Gemm& gemm, cudaStream_t s);
+// Its scratch per token: out [H] and gate/up [2S] in f32, act [S] as bf16 parts (at most 4 bytes).
 inline int64_t shared_mlp_bytes_per_token(const MoeParams& p) {
   return p.shared_inter > 0 ? 4 * (p.hidden + 3 * p.shared_inter) : 0;
 }
