@@ -397,7 +397,9 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     OwnedTensor kv = scratch(ctx, row);  // [total_kv, row]: every sequence's context, contiguous
     be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, ctx, kv.f32()});
     OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]: per head k_nope ‖ v
-    be_.linear({kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r});
+    ops::LinearParams kv_b{kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r};
+    kv_b.x_bf16 = pool.dtype == DType::BF16;  // the latent rows as cached
+    be_.linear(kv_b);
     // Attention reads k_nope and v from kvb and the shared roped k_pe from kv's last rope columns.
     const ops::VarlenSeqs seqs{in.cu_q.t.as<int32_t>(), in.cu_kv.t.as<int32_t>(), in.B};
     be_.mla_expanded({.q = q,

@@ -52,6 +52,10 @@ struct LinearParams {
   // Optional addend (the residual stream joining a sub-layer's output): y = x · wᵀ + add. Must not
   // overlap y.
   const float* add = nullptr;  // [m, n], rows y_stride apart
+  // x holds bf16 values (rows gathered from a bf16 cache): a backend that feeds f32 activations to
+  // bf16 tensor cores as hi + lo parts may skip the lo part, which is zero. A hint: results are the
+  // same either way up to summation order.
+  bool x_bf16 = false;
 };
 
 // Per head h: y[:, h, :] = x[:, h, :] · W[h]ᵀ, every head in one call (the absorbed form's W_uk

@@ -148,7 +148,8 @@ TEST(Parity, LinearHeads) {
   for (int64_t m : {1, 2, 3, 8, 9, 33, 64, 300, 600}) {
     for (int64_t heads : {1, 5, 12, 16}) {
       const int64_t n = 512, k = 128, xs = heads * (k + 64), ys = heads * (n + 64);  // strided like the model
-      auto x = bf16_round(randn(static_cast<size_t>(m * xs), 20));
+      // x not rounded: its lo parts must count (from 600 rows a GEMM of their own per head).
+      auto x = randn(static_cast<size_t>(m * xs), 20);
       auto w = bf16_round(randn(static_cast<size_t>(heads * (n + 128) * k), 21, 0.1f));
       std::vector<float> out[2];
       ops::Backend* be[2] = {cpu.get(), gpu.get()};
@@ -169,7 +170,7 @@ TEST(Parity, LinearHeads) {
 // rows) do not round x (f32 on CUDA cores, bf16 hi + lo on tensor cores from 2 rows, k % 32 == 0:
 // the 4-row case, strided y with an addend; x is unrounded, so the lo parts count). Cases: y
 // written in place by the GEMM (aligned, n % 64 == 0), through scratch (n 163, strided y), with a
-// fused addend, and batched heads.
+// fused addend (the GEMM's C operand at 33 and 600 rows, y aligned), and batched heads.
 TEST(Parity, LinearBf16Activations) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
@@ -180,7 +181,7 @@ TEST(Parity, LinearBf16Activations) {
   };
   for (S s : {S{3, 300, 129, 1, 300, false}, S{256, 512, 1000, 1, 512, false}, S{33, 4096, 512, 1, 4096, true},
               S{128, 163, 90, 1, 163, false}, S{300, 512, 128, 1, 600, false}, S{64, 512, 128, 5, 0, false},
-              S{9, 128, 64, 16, 0, false}, S{4, 300, 256, 1, 304, true}}) {
+              S{9, 128, 64, 16, 0, false}, S{4, 300, 256, 1, 304, true}, S{600, 512, 256, 1, 512, true}}) {
     const int64_t ys = s.heads > 1 ? s.heads * s.n : s.ys;
     const auto x = randn(static_cast<size_t>(s.m * s.heads * s.k), 30);
     const auto w = bf16_round(randn(static_cast<size_t>(s.heads * s.n * s.k), 31, 0.1f));
@@ -204,6 +205,34 @@ TEST(Parity, LinearBf16Activations) {
         for (int64_t j = s.heads * s.n; j < ys; ++j) out[b][static_cast<size_t>(r * ys + j)] = 0.0f;
     }
     EXPECT_LE(norm_err(out[0], out[1]), 1e-4) << s.m << "x" << s.n << "x" << s.k << ", " << s.heads << " heads";
+  }
+}
+
+// LinearParams::x_bf16 (rows gathered from a bf16 cache): with split activations the GEMM skips the
+// lo part, which is zero for such x. The same bits from 512 rows (y = hi · wᵀ either way), the
+// same up to summation order below (one GEMM of m rows against one of 2m), and the CPU's result.
+TEST(Parity, LinearBf16InputSkipsTheLoPart) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  for (int64_t m : {9, 64, 600}) {
+    const int64_t n = 512, k = 576;  // k: the latent row's width, read as the first 512 of 576 below
+    const auto x = bf16_round(randn(static_cast<size_t>(m * k), 40));
+    const auto w = bf16_round(randn(static_cast<size_t>(n * 512), 41, 0.1f));
+    std::vector<float> out[3];  // CPU, GPU without the hint, GPU with it
+    for (int run = 0; run < 3; ++run) {
+      ops::Backend& be = run ? *gpu : *cpu;
+      auto tx = put(be, x), tw = put(be, w, run ? DType::BF16 : DType::F32);
+      auto ty = poisoned(be, static_cast<size_t>(m * n));
+      ops::LinearParams p{tx.f32(), k, tw.t.data, tw.t.dtype, ty.f32(), 0, m, n, 512};
+      p.x_bf16 = run == 2;
+      be.linear(p);
+      out[run] = get(be, ty);
+    }
+    EXPECT_LE(norm_err(out[0], out[2]), 1e-4) << m << " rows";
+    if (m >= 512)
+      EXPECT_EQ(out[1], out[2]) << m << " rows";
+    else
+      EXPECT_LE(norm_err(out[1], out[2]), 1e-6) << m << " rows";
   }
 }
 
@@ -280,8 +309,10 @@ std::vector<FusedLinearCase> fused_linear_cases() {
   for (int64_t m : {1, 3, 8, 9, 64})
     for (int64_t k : {2048, 1000, 7, 2056, 11264})
       for (int variant = 0; variant < 4; ++variant) cases.push_back({m, 300, k, variant});
-  // cuBLASLt writing y itself (rows 256-byte aligned): the add as its C operand, and split
-  // activations as two GEMMs from 512 rows (the lo one accumulating).
+  // cuBLASLt writing y itself (rows 256-byte aligned) with split activations: the halves as two
+  // GEMMs from 512 rows, the lo one accumulating, the add (variant 4) as the hi one's C operand
+  // (below 512 rows the halves still go through scratch; LinearBf16Activations covers the C
+  // operand with one part).
   for (int64_t m : {9, 64, 600})
     for (int variant = 0; variant < 5; ++variant) cases.push_back({m, 512, 2048, variant});
   return cases;

@@ -414,10 +414,11 @@ TEST(Parity, MoeBf16Activations) {
 // by moving the thresholds, read per call). Shapes: inter 192 and hidden 320 leave a half-filled
 // last column tile in both wgmma GEMMs; 17 tokens leave most of every 128-row tile as padding;
 // few experts (most get none) and one expert in every token's slot 0 (its rows span many tiles);
-// the residual add; Moonlight widths with shared experts; 3,072 experts (the expert sort's
-// multi-round scan). "several passes": KILN_MOE_PASS_BYTES = 4 MB splits every batch but the
-// 17-token one into token chunks. With bf16 activations the wgmma and cuBLASLt paths also round the expert outputs y
-// (and cuBLASLt gate/up) to bf16: MoeBf16Activations' bound.
+// the residual add, without and with shared experts (their down GEMM adds it); Moonlight widths
+// with shared experts; 3,072 experts (the expert sort's multi-round scan). "several passes":
+// KILN_MOE_PASS_BYTES = 4 MB splits every batch but the 17-token one into token chunks. With bf16
+// activations the wgmma and cuBLASLt paths also round the expert outputs y (and cuBLASLt gate/up)
+// to bf16: MoeBf16Activations' bound.
 TEST(Parity, MoePrefillPathsAgree) {
   KILN_NEED_GPU();
   auto& [cpu, gpu] = backends();
@@ -425,10 +426,13 @@ TEST(Parity, MoePrefillPathsAgree) {
     MoeShape s;
     bool add = false;
   };
-  const Case cases[] = {
-      {{600, 320, 192, 16, 4, MoeRouting::Random, 128}},      {{17, 128, 64, 8, 2, MoeRouting::Random}},
-      {{1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256}}, {{1100, 256, 128, 16, 4, MoeRouting::OneHot}, true},
-      {{600, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},   {{2600, 64, 64, 3072, 8, MoeRouting::Random}}};
+  const Case cases[] = {{{600, 320, 192, 16, 4, MoeRouting::Random, 128}},
+                        {{17, 128, 64, 8, 2, MoeRouting::Random}},
+                        {{1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256}},
+                        {{1100, 256, 128, 16, 4, MoeRouting::OneHot}, true},
+                        {{600, 320, 192, 16, 4, MoeRouting::Random, 128}, true},
+                        {{600, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},
+                        {{2600, 64, 64, 3072, 8, MoeRouting::Random}}};
   struct Path {
     const char* name;
     const char* wgmma_min;

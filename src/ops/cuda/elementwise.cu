@@ -32,11 +32,12 @@ __device__ __forceinline__ float4 load_w4(const void* w, int64_t i, bool bf16) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
-// vec: dim % 4 == 0 and every row 16-byte aligned, so rows move as float4 (a decode step's norm
-// is one CTA per token: its latency is the loads each thread issues one after another). With
-// `preload` (KILN_NORM_PRELOAD=0 turns it off, for the A/B), each thread's first kPreW float4 of
-// the weights, which are constant, are in registers before the wait instead of requested from DRAM
-// after the reduction, and its first kPreW of x + residual stay in registers for the second pass.
+// vec: dim % 4 == 0 and every row 16-byte aligned (8-byte for bf16 parts), so rows move as float4
+// (a decode step's norm is one CTA per token: its latency is the loads each thread issues one after
+// another). With `preload` (KILN_NORM_PRELOAD=0 turns it off, for the A/B), each thread's first
+// kPreW float4 of the weights, which are constant, are in registers before the wait instead of
+// requested from DRAM after the reduction, and its first kPreW of x + residual stay in registers
+// for the second pass.
 // H200 (session 13): the single-stream input norm's body 4.8 -> 2.0-2.3 us after its release (kernel
 // trace), single-stream steps 2.56-2.66 -> 2.53-2.60 ms in two runs.
 // kParts: the normalised row is written as bf16 parts (`parts`) instead of f32 at p.out.

@@ -2,11 +2,13 @@
 // in the model; rounding them to bf16 alone costs ~0.05 mean |Δ logprob| on the parity fixtures,
 // so by default x is split into two bf16 parts, x ≈ hi + lo (about 16 bits of mantissa). Up to a
 // few hundred rows they are stacked as 2m rows of ONE GEMM (the weights are still read once, which
-// is what decode pays for) and summed by a pass; from kAccumulateMinRows the lo GEMM accumulates
-// into the hi one's y instead. With split activations off (--activation-dtype bf16) x is rounded
-// to bf16 once. Where y's rows are 256-byte aligned the GEMM writes y itself, an addend entering as
-// its C operand. Producers that can (the input RMSNorm, the shared experts' SwiGLU, the MoE's own
-// split) write the parts themselves (BfParts, Gemm::linear_parts), saving the split pass.
+// is what decode pays for) and summed by a pass; from kAccumulateMinRows, where y and the parts are
+// 256-byte aligned, the lo GEMM accumulates into the hi one's y instead. With split activations off
+// (--activation-dtype bf16) x is rounded to bf16 once. Where y's rows are 256-byte aligned the GEMM
+// writes y itself, an addend entering as its C operand. Producers that can (the input RMSNorm, the
+// shared experts' SwiGLU, the MoE's own split) write the parts themselves (BfParts,
+// Gemm::linear_parts), saving the split pass; rows known to be bf16 (LinearParams::x_bf16) skip
+// the lo part.
 // Algorithm choices are cached per shape and output type: Gemm::grouped (the prefill MoE's
 // per-expert GEMMs) may store bf16 instead of f32, for consumers that read bf16 activations anyway.
 #include <cublasLt.h>
@@ -105,7 +107,7 @@ struct Gemm::Impl {
   size_t workspace_size = 64u << 20;
   GrowOnlyScratch xbuf;  // [heads][2m][k] bf16 hi/lo parts of x ([heads][m][k] unsplit)
   GrowOnlyScratch tbuf;  // [heads][2m][n] f32 products of the two parts
-  GrowOnlyScratch nbuf;  // [m][k] normalised x of Gemm::linear's input norm (GEMV-sized m)
+  GrowOnlyScratch nbuf;  // [m][k] f32 normalised x of Gemm::linear's input norm (GEMVs, f32 weights)
 
   // linear_heads, plus add (laid out as y) when given: Gemm::linear's addend; split: hi/lo activations.
   void heads(const LinearHeadsParams& p, const float* add, bool split, cudaStream_t s);
@@ -268,17 +270,20 @@ void Gemm::Impl::heads(const LinearHeadsParams& p_in, const float* add, bool spl
 // weights twice, which decode batches pay for; past a few hundred rows the GEMM is bound by its
 // tensor work and the pass (3 m·n floats through HBM) is what is saved. H200, session 19 run 1,
 // every m on two GEMMs against none: prefills with f32 activations +3.1 / +3.9% at 1k tokens and
-// +2.5 / +3.7% at 8k; decode batches slower (128 rows: 7,437 and 8,035 tok/s against 8,317).
+// +2.5 / +3.7% at 8k; decode batches of 128 slower (7,437 and 8,035 tok/s against 8,317; 256 within
+// the spread). 512 lies between the rows measured slower and faster; it was not measured itself.
 constexpr int64_t kAccumulateMinRows = 512;
 
 void Gemm::Impl::from_parts(const LinearHeadsParams& p, const __nv_bfloat16* xb, int64_t ldx, const float* add,
                             bool split, cudaStream_t s) {
   const int64_t parts = split ? 2 : 1, ys = p.y_stride, xh = parts * p.m * ldx;
   // The GEMM writes y (and reads add as its C) itself when their rows start 256-byte aligned, as
-  // cuBLASLt's heuristics assume by default; else through scratch and a pass, like the halves.
+  // cuBLASLt's heuristics assume by default, and so are the parts it reads (the lo rows too when
+  // split: they start m · ldx elements on); else through scratch and a pass, like the halves.
   auto a256 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 256 == 0; };
-  const bool direct = a256(p.y) && (!add || a256(add)) && ys % 64 == 0 && p.y_head_stride % 64 == 0;
-  if (direct && (!split || p.m >= kAccumulateMinRows)) {
+  const bool y_direct = a256(p.y) && (!add || a256(add)) && ys % 64 == 0 && p.y_head_stride % 64 == 0;
+  const bool x_direct = a256(xb) && (p.heads == 1 || xh % 128 == 0) && (!split || a256(xb + p.m * ldx));
+  if (y_direct && x_direct && (!split || p.m >= kAccumulateMinRows)) {
     matmul(CUDA_R_16BF, p.w, p.w_head_stride, xb, ldx, xh, p.y, ys, p.y_head_stride, p.m, p.n, p.k, p.heads, s, nullptr,
            0, CUDA_R_32F, add);
     if (split)  // y += lo · wᵀ
@@ -296,7 +301,7 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
   LinearHeadsParams h{p.x, xs, 0, p.w, 0, p.w_dtype, p.y, ys, 0, 1, p.m, p.n, p.k};
   if (!p.norm_weight || p.m == 0 || p.n == 0 || p.k == 0) {
-    impl_->heads(h, p.add, split_, s);
+    impl_->heads(h, p.add, split_ && !p.x_bf16, s);  // bf16 x: its lo part would be zero
     return;
   }
   KILN_REQUIRE(p.norm_weight_dtype == DType::F32 || p.norm_weight_dtype == DType::BF16,

@@ -11,7 +11,8 @@
 //    so it runs only when KILN_MOE_WGMMA_MIN_TOKENS is raised past the step: kept as the measured
 //    baseline for A/Bs (docs/results.md), not on a default path.
 // The shared experts run as one dense MLP (or inside the decode GEMVs) and join in the
-// deterministic combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order.
+// deterministic combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order; with
+// shared experts the add is already in shared[t] (their down GEMM's addend).
 // Weights must be bf16 (the CUDA backend's weight dtype).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -115,13 +116,13 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
     moe_gate_up_swiglu(gate_up, layout, s);
     moe_down(down, layout, s);
   }
-  const float* shared = shared_mlp(p, xs, H_pad, gemm, s);
+  const float* shared = shared_mlp(p, xs, H_pad, gemm, s);  // p.add included
+  const float* add = shared ? nullptr : p.add;
   if (y_bf16)
-    combine(reinterpret_cast<const __nv_bfloat16*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add,
+    combine(reinterpret_cast<const __nv_bfloat16*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, add,
             p.out, s);
   else
-    combine(reinterpret_cast<const float*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out,
-            s);
+    combine(reinterpret_cast<const float*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, add, p.out, s);
 }
 
 bool wgmma_eligible(const MoeParams& p) {
@@ -154,7 +155,8 @@ const float* moe_detail::shared_mlp(const MoeParams& p, const __nv_bfloat16* x_p
   else
     gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
   swiglu({gu, nullptr, T, S}, BfParts{act, S, parts == 2 ? T * S : 0}, s);  // written as the down GEMM's parts
-  gemm.linear_parts(act, S, p.w_shared_down, out, 0, T, H, S, nullptr, s);
+  // The residual rides along as the GEMM's addend: one stream fewer for the combine to read.
+  gemm.linear_parts(act, S, p.w_shared_down, out, 0, T, H, S, p.add, s);
   return out;
 }
 

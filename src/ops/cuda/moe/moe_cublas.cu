@@ -197,14 +197,15 @@ void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
       swiglu_bf16_kernel<8><<<grid, row_threads(I / 8), 0, s>>>(out_bf16, layout.tile_expert, I, in2);
     gemm.grouped(down.data(), static_cast<int64_t>(down.size()), H, I, I, H, s, out_dtype);
   }
-  const float* shared = shared_mlp(p, nullptr, 0, gemm, s);
+  const float* shared = shared_mlp(p, nullptr, 0, gemm, s);  // p.add included
+  const float* add = shared ? nullptr : p.add;
   if (!split) {  // padded row r is row r of y: the aligned layout's row_of as is
-    combine(out_bf16, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+    combine(out_bf16, layout.row_of, nullptr, p.topk_weights, T, k, H, shared, add, p.out, s);
     return;
   }
   slot_rows_kernel<<<blocks_for(slots, 256), 256, 0, s>>>(layout.row_of, layout.tile_expert, tiles, slots, row_hi,
                                                           row_lo);
-  combine(out_f32, row_hi, row_lo, p.topk_weights, T, k, H, shared, p.add, p.out, s);
+  combine(out_f32, row_hi, row_lo, p.topk_weights, T, k, H, shared, add, p.out, s);
 }
 
 }  // namespace

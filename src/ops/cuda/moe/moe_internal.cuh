@@ -122,9 +122,11 @@ void combine(const __nv_bfloat16* y, const int32_t* row_of, const int32_t* row_l
 bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 
-// The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu): [T, H] in scratch
-// owned here, valid until the next call; null without shared experts. x_parts (may be null): p.x
-// already split for the GEMMs (Gemm::linear_parts, rows ldx apart), so it is not split again.
+// The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu), plus p.add when
+// set (the down GEMM's C operand): [T, H] in scratch owned here, valid until the next call; null
+// without shared experts (p.add then left to the caller). x_parts (may be null): p.x already split
+// for the GEMMs (Gemm::linear_parts, rows ldx apart), so it is not split again. Always on cuBLASLt
+// (no GEMV path): batches of <= 8 tokens come here only when KILN_MOE_GEMV_MAX_TOKENS is lowered.
 const float* shared_mlp(const MoeParams& p, const __nv_bfloat16* x_parts, int64_t ldx, Gemm& gemm, cudaStream_t s);
 // Its scratch per token: out [H] and gate/up [2S] in f32, act [S] as bf16 parts (at most 4 bytes).
 inline int64_t shared_mlp_bytes_per_token(const MoeParams& p) {
