@@ -52,9 +52,10 @@ struct LinearParams {
   // Optional addend (the residual stream joining a sub-layer's output): y = x · wᵀ + add. Must not
   // overlap y.
   const float* add = nullptr;  // [m, n], rows y_stride apart
-  // x holds bf16 values (rows gathered from a bf16 cache): a backend that feeds f32 activations to
-  // bf16 tensor cores as hi + lo parts may skip the lo part, which is zero. A hint: results are the
-  // same either way up to summation order.
+  // x, as passed (before any input norm, which ignores this), holds bf16 values (rows gathered from
+  // a bf16 cache): a backend that feeds f32 activations to bf16 tensor cores as hi + lo parts may
+  // skip the lo part, which is zero. Results are then the same up to summation order; x that is
+  // not bf16 gets rounded on CUDA (the GEMVs and f32 weights ignore the hint).
   bool x_bf16 = false;
 };
 
