@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <string>
 
 #include "ops/params.h"
@@ -17,6 +18,12 @@ namespace kiln::ops::cuda {
 struct BfParts {
   __nv_bfloat16* hi;
   int64_t ld, lo_offset;
+  // The layout Gemm's parts take: `rows` hi rows ld apart, then (split) as many lo rows.
+  static BfParts stacked(__nv_bfloat16* hi, int64_t rows, int64_t ld, bool split) {
+    return {hi, ld, split ? rows * ld : 0};
+  }
+  // 4 values a thread fit its 8-byte stores (store_vec of 4 bf16) at every row, hi and lo.
+  bool vec4() const { return ld % 4 == 0 && lo_offset % 4 == 0 && reinterpret_cast<uintptr_t>(hi) % 8 == 0; }
 };
 
 void copy(const CopyParams& p, cudaStream_t s);

@@ -239,10 +239,7 @@ void launch_rms_norm(const RmsNormParams& p, const BfParts* parts, cudaStream_t 
   if (p.rows == 0) return;
   const int64_t xs = p.x_stride ? p.x_stride : p.dim, os = p.out_stride ? p.out_stride : p.dim;
   auto a16 = [](const void* q) { return q == nullptr || (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  // Parts take 8-byte stores of 4 bf16 (store_vec).
-  const bool out_vec =
-      parts ? parts->ld % 4 == 0 && parts->lo_offset % 4 == 0 && reinterpret_cast<uintptr_t>(parts->hi) % 8 == 0
-            : os % 4 == 0 && a16(p.out);
+  const bool out_vec = parts ? parts->vec4() : os % 4 == 0 && a16(p.out);
   const bool vec = p.dim % 4 == 0 && xs % 4 == 0 && out_vec && a16(p.x) && a16(p.residual) && a16(p.sum) &&
                    a16(p.weight) && (p.weight_dtype == DType::BF16 || p.weight_dtype == DType::F32);
   static const bool preload = env_int("KILN_NORM_PRELOAD", 1, 0, 1) != 0;
@@ -256,8 +253,7 @@ void launch_rms_norm(const RmsNormParams& p, const BfParts* parts, cudaStream_t 
 
 void launch_swiglu(const SwigluParams& p, const BfParts* parts, cudaStream_t s) {
   if (p.rows * p.inter == 0) return;
-  const bool vec = parts ? rows_vec4(p.inter, {2 * p.inter, parts->ld, parts->lo_offset}, {p.gate_up}) &&
-                               reinterpret_cast<uintptr_t>(parts->hi) % 8 == 0
+  const bool vec = parts ? rows_vec4(p.inter, {2 * p.inter}, {p.gate_up}) && parts->vec4()
                          : rows_vec4(p.inter, {2 * p.inter}, {p.gate_up, p.out});
   const int v = vec ? 4 : 1;
   const BfParts out = parts ? *parts : BfParts{};

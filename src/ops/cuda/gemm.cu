@@ -312,7 +312,7 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
   n.residual = p.norm_residual;
   if (p.w_dtype == DType::BF16 && p.m > kGemvMaxRows) {
     auto* xb = impl_->xbuf.get<__nv_bfloat16>(static_cast<size_t>((split_ ? 2 : 1) * p.m * p.k));
-    rms_norm(n, BfParts{xb, p.k, split_ ? p.m * p.k : 0}, s);
+    rms_norm(n, BfParts::stacked(xb, p.m, p.k, split_), s);
     impl_->from_parts(h, xb, p.k, p.add, split_, s);
     return;
   }

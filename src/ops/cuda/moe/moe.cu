@@ -154,7 +154,7 @@ const float* moe_detail::shared_mlp(const MoeParams& p, const __nv_bfloat16* x_p
     gemm.linear_parts(x_parts, ldx, p.w_shared_gate_up, gu, 0, T, 2 * S, H, nullptr, s);
   else
     gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
-  swiglu({gu, nullptr, T, S}, BfParts{act, S, parts == 2 ? T * S : 0}, s);  // written as the down GEMM's parts
+  swiglu({gu, nullptr, T, S}, BfParts::stacked(act, T, S, parts == 2), s);  // written as the down GEMM's parts
   // The residual rides along as the GEMM's addend: one stream fewer for the combine to read.
   gemm.linear_parts(act, S, p.w_shared_down, out, 0, T, H, S, p.add, s);
   return out;
