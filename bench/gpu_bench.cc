@@ -4,7 +4,9 @@
 //      batches 1-128 (2 and 4 at 16 heads only: where the cluster form's choice lies), against the
 //      copy ceiling
 //   3. whole model with random weights (Moonlight-16B-A3B shape and its 129,280-vocab variant):
-//      prefill tok/s at 1k and 8k, decode tok/s at batch 1..256, each against its ceiling
+//      prefill tok/s at 1k and 8k, decode tok/s at batch 1..256, each against its ceiling; then
+//      prefill and the grouped decode batches (> 8) again with bf16 activations, and with f32
+//      activations but bf16 experts (--expert-activation-dtype bf16)
 // Writes a JSON report (--out) and prints a table. Figures, not tests: nothing here asserts.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -256,9 +258,11 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
                          {"tok_s", T / sec},
                          {"tflops", tflops},
                          {"fraction_of_bf16_gemm", tflops / gemm_tflops}});
-      std::printf("prefill %5lld tokens: %8.1f ms  %8.0f tok/s  %6.1f TFLOP/s  %5.1f%% of bf16 GEMM (%s activations)\n",
-                  static_cast<long long>(T), sec * 1e3, T / sec, tflops, 100 * tflops / gemm_tflops,
-                  dtype_name(be.activation_dtype()));
+      std::printf(
+          "prefill %5lld tokens: %8.1f ms  %8.0f tok/s  %6.1f TFLOP/s  %5.1f%% of bf16 GEMM (%s activations, %s "
+          "experts)\n",
+          static_cast<long long>(T), sec * 1e3, T / sec, tflops, 100 * tflops / gemm_tflops,
+          dtype_name(be.activation_dtype()), dtype_name(be.expert_activation_dtype()));
     }
     return prefill;
   };
@@ -296,9 +300,9 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
                         {"fraction_of_ceiling", ceiling_step / sec}});
       std::printf(
           "decode batch %3lld: %7.2f ms/step (eager %7.2f)  %7.1f tok/s/stream  %8.0f tok/s aggregate  ceiling %8.0f  "
-          "(%4.1f%%, %s activations)\n",
+          "(%4.1f%%, %s activations, %s experts)\n",
           static_cast<long long>(B), sec * 1e3, eager * 1e3, 1.0 / sec, B / sec, B / ceiling_step,
-          100 * ceiling_step / sec, dtype_name(be.activation_dtype()));
+          100 * ceiling_step / sec, dtype_name(be.activation_dtype()), dtype_name(be.expert_activation_dtype()));
     }
     return decode;
   };
@@ -312,6 +316,11 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
     if (B > 8) grouped.push_back(B);
   out["prefill_bf16_activations"] = run_prefills();
   out["decode_bf16_activations"] = run_decodes(grouped);
+  // f32 activations with bf16-rounded experts, routed and shared (--expert-activation-dtype bf16).
+  be.set_activation_dtype(DType::F32);
+  be.set_expert_activation_dtype(DType::BF16);
+  out["prefill_bf16_experts"] = run_prefills();
+  out["decode_bf16_experts"] = run_decodes(grouped);
   be.set_activation_dtype(DType::F32);
   return out;
 }

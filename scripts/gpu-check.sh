@@ -88,13 +88,15 @@ for v in 2 0; do
       grep -E "^ +[0-9]" | sed "s/^/cluster_q=$v ctx=$ctx: /"
   done
 done
-echo "== A/B: prefill attention, key tiles in flight (KILN_MLA_PREFILL_STAGES, default 3)"
-for v in 3 2 4; do
+echo "== A/B: prefill attention, key tile stages (KILN_MLA_PREFILL_STAGES, default 4)"
+for v in 4 3; do
   KILN_MLA_PREFILL_STAGES=$v "${BENCH[@]}" --activation-dtype bf16 --batch-sizes 1 --prompt-len 8000 --decode-steps 2 2>&1 |
     grep -E "^ +[0-9]" | sed "s/^/prefill_stages=$v: /"
 done
 echo "== benchmarks"
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
+echo "== the prefill expert GEMMs' weight-load pattern alone, per weight layout"
+.gpu/kiln-load-pattern-bench "$OUT/load_pattern.json" 2>&1 | tee "$OUT/load_pattern.log" || status=1
 echo "== op profile: where a decode step's GPU time goes (eager, events around every op)"
 KILN_OP_PROFILE=1 .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json \
   --random-weights --batch-sizes 1 --prompt-len 128 --decode-steps 32 --no-warmup 2>&1 | grep -A 25 "op profile" | tee "$OUT/op_profile_b1.log"

@@ -142,6 +142,7 @@ int run_bench_model(const BenchModelArgs& a) {
                         {"device", backend->name()},
                         {"kv_cache_dtype", dtype_name(model->kv_dtype())},
                         {"activation_dtype", dtype_name(backend->activation_dtype())},
+                        {"expert_activation_dtype", dtype_name(backend->expert_activation_dtype())},
                         {"prompt_len", a.prompt_len},
                         {"decode_steps", a.decode_steps},
                         {"block_size", a.block_size},

@@ -24,11 +24,12 @@ struct LoadedModel {
 };
 // Number formats a run chooses (the same flags on generate, score, serve and bench model).
 struct Precision {
-  std::string kv_dtype = "auto";         // latent KV cache: auto (the backend's), bf16 or f32
-  std::string activation_dtype = "f32";  // tensor-core GEMM activations: f32 (hi/lo split) or bf16
+  std::string kv_dtype = "auto";                 // latent KV cache: auto (the backend's), bf16 or f32
+  std::string activation_dtype = "f32";          // tensor-core GEMM activations: f32 (hi/lo split) or bf16
+  std::string expert_activation_dtype = "auto";  // the MoE experts' alone: auto (as above), f32 or bf16
 };
 void add_precision_options(CLI::App& sub, Precision& p);
-// Checks both flags (a clear error naming the bad one) and sets them on the backend and model.
+// Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
 
 LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision = {});

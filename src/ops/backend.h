@@ -43,6 +43,12 @@ class Backend {
   // step keeps the precision it was recorded with.
   virtual void set_activation_dtype(DType t) = 0;
   virtual DType activation_dtype() const = 0;
+  // The same choice for the experts' GEMMs alone (moe()'s routed and shared experts past the
+  // decode GEMVs: most of a prefill's tensor work), so they can round while the rest splits.
+  // set_activation_dtype sets both; call this after it to override the experts. The CPU reference
+  // takes F32 only. Like the other, set it before capturing CUDA graphs.
+  virtual void set_expert_activation_dtype(DType t) = 0;
+  virtual DType expert_activation_dtype() const = 0;
   // Fills a tensor with uniform(-scale, scale) values from a counter-based hash of `seed`
   // (random-weight benchmarks; no host round trip).
   virtual void fill_random(const Tensor& t, uint64_t seed, float scale) = 0;

@@ -160,7 +160,12 @@ TEST_F(BadCheckpoint, BadPrecisionFlags) {
   expect_error(run_kiln(base + "--kv-cache-dtype fp8"), {"--kv-cache-dtype", "\"fp8\""});
   // bf16 activations are a CUDA-backend choice: the CPU reference says so instead of ignoring it.
   expect_error(run_kiln(base + "--device cpu --activation-dtype bf16"), {"--activation-dtype bf16", "--device cuda"});
+  expect_error(run_kiln(base + "--expert-activation-dtype half"), {"--expert-activation-dtype", "\"half\""});
+  expect_error(run_kiln(base + "--device cpu --expert-activation-dtype bf16"),
+               {"--expert-activation-dtype bf16", "--device cuda"});
   auto r = run_kiln(base + "--activation-dtype f32 --json");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  r = run_kiln(base + "--expert-activation-dtype f32 --json");  // f32 is the CPU reference's own choice
   EXPECT_EQ(r.exit_code, 0) << r.out;
 }
 

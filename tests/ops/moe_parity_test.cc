@@ -408,6 +408,58 @@ TEST(Parity, MoeBf16Activations) {
   }
 }
 
+// --expert-activation-dtype: the experts (routed and shared) multiply as that dtype says, whatever
+// the rest does, so the op gives bit for bit what the whole backend in that dtype gives: f32
+// activations with bf16 experts equal bf16 mode, bf16 activations with f32 experts equal f32 mode.
+// On every path: decode GEMVs (f32 either way), mma.sync (16-row tiles), wgmma (with the residual
+// add), cuBLASLt per expert (whose shared experts split x themselves) and Moonlight's widths.
+TEST(Parity, MoeExpertActivationDtype) {
+  KILN_NEED_GPU();
+  auto& gpu = backends().gpu;
+  struct Case {
+    MoeShape s;
+    const char* wgmma_min = "256";
+    const char* cublas_min = "1000000000";
+    bool add = false;
+  };
+  const Case cases[] = {{{4, 1024, 256, 16, 6, MoeRouting::Random, 512}},
+                        {{17, 128, 64, 8, 2, MoeRouting::Random, 64}},
+                        {{600, 320, 192, 16, 4, MoeRouting::Random, 128}, "256", "1000000000", true},
+                        {{1100, 256, 128, 16, 4, MoeRouting::Random, 256}, "1000000000", "0", true},
+                        {{1024, 2048, 1408, 64, 6, MoeRouting::Random, 2816}}};
+  uint64_t seed = 1700;
+  for (const Case& c : cases) {
+    ++seed;
+    const ScopedEnv wgmma("KILN_MOE_WGMMA_MIN_TOKENS", c.wgmma_min);
+    const ScopedEnv cublas("KILN_MOE_CUBLAS_MIN_TOKENS", c.cublas_min);
+    const MoeShape& s = c.s;
+    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
+    const auto add = randn(static_cast<size_t>(s.tokens * s.hidden), seed + 3);
+    const auto* a = c.add ? &add : nullptr;
+    const std::string what = std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +
+                             std::to_string(s.inter) + (c.add ? ", add" : "");
+    for (const DType rest : {DType::F32, DType::BF16}) {
+      const DType experts = rest == DType::F32 ? DType::BF16 : DType::F32;
+      std::vector<float> mixed, whole;
+      {
+        const GpuActivations act(rest);
+        const GpuExpertActivations exp(experts);
+        EXPECT_EQ(gpu->activation_dtype(), rest);  // the override leaves the rest as it was
+        EXPECT_EQ(gpu->expert_activation_dtype(), experts);
+        mixed = run_moe_experts(*gpu, s, seed, x, a);
+        gpu->set_activation_dtype(rest);  // sets both: the override is gone
+        EXPECT_EQ(gpu->expert_activation_dtype(), rest);
+      }
+      {
+        const GpuActivations act(experts);
+        whole = run_moe_experts(*gpu, s, seed, x, a);
+      }
+      EXPECT_EQ(0, std::memcmp(mixed.data(), whole.data(), mixed.size() * sizeof(float)))
+          << what << ", experts " << dtype_name(experts) << " under " << dtype_name(rest);
+    }
+  }
+}
+
 // The three prefill expert paths, each against the CPU with f32 (hi/lo split) and bf16
 // activations, and each repeating bit for bit: the wgmma kernels (from KILN_MOE_WGMMA_MIN_TOKENS,
 // 0 here), the cuBLASLt per-expert GEMMs and the grouped mma.sync kernels (the other two reached

@@ -39,6 +39,14 @@ struct GpuActivations {
   GpuActivations& operator=(const GpuActivations&) = delete;
 };
 
+// Sets the GPU backend's expert GEMM activation dtype for one scope; back to following the rest after.
+struct GpuExpertActivations {
+  explicit GpuExpertActivations(DType t) { backends().gpu->set_expert_activation_dtype(t); }
+  ~GpuExpertActivations() { backends().gpu->set_expert_activation_dtype(backends().gpu->activation_dtype()); }
+  GpuExpertActivations(const GpuExpertActivations&) = delete;
+  GpuExpertActivations& operator=(const GpuExpertActivations&) = delete;
+};
+
 // Sets an environment variable for one scope and restores what was there (the CUDA backend's
 // A/B switches that are read per call).
 struct ScopedEnv {

@@ -38,6 +38,12 @@ class CpuBackend final : public Backend {
                dtype_name(t));
   }
   DType activation_dtype() const override { return DType::F32; }
+  void set_expert_activation_dtype(DType t) override {
+    KILN_CHECK(t == DType::F32,
+               "the CPU reference keeps f32 expert activations (bf16 activations are a CUDA option), got {}",
+               dtype_name(t));
+  }
+  DType expert_activation_dtype() const override { return DType::F32; }
   int64_t free_memory_bytes() const override { return host_available_bytes(); }
   void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {

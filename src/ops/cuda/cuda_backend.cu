@@ -90,13 +90,12 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   DType weight_dtype() const override { return DType::BF16; }
   DType kv_dtype() const override { return DType::BF16; }
-  void set_activation_dtype(DType t) override {
-    KILN_REQUIRE(t == DType::F32 || t == DType::BF16,
-                 std::string("activation dtype must be f32 or bf16, got ") + dtype_name(t));
-    KILN_REQUIRE(!capturing_, "set_activation_dtype: not while a CUDA graph is being captured");
-    gemm_.set_split_activations(t == DType::F32);
-  }
+  void set_activation_dtype(DType t) override { gemm_.set_split_activations(splits(t, "activation")); }
   DType activation_dtype() const override { return gemm_.split_activations() ? DType::F32 : DType::BF16; }
+  void set_expert_activation_dtype(DType t) override {
+    gemm_.set_split_expert_activations(splits(t, "expert activation"));
+  }
+  DType expert_activation_dtype() const override { return gemm_.split_expert_activations() ? DType::F32 : DType::BF16; }
   int64_t free_memory_bytes() const override {
     size_t free = 0, total = 0;
     KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -197,7 +196,7 @@ class CudaBackend final : public Backend {
         {"moe", "<=" + std::to_string(cuda::moe_gemv_max_tokens()) +
                     " tokens: kiln decode GEMVs, routed + shared experts in two launches; more: device-sorted grouped "
                     "mma.sync GEMMs (gate/up + SwiGLU, down; " +
-                    (gemm_.split_activations() ? "hi/lo f32 activations" : "bf16-rounded activations") +
+                    (gemm_.split_expert_activations() ? "hi/lo f32 activations" : "bf16-rounded activations") +
                     "; 16-row tiles on the skinny kernel: 512-byte weight rows per stage, k split over warps), shared "
                     "experts via cuBLASLt; >=" +
                     std::to_string(cuda::moe_wgmma_min_tokens()) +
@@ -291,6 +290,13 @@ class CudaBackend final : public Backend {
     }
     cuda::OpProfile::Scope scope(profile_.get(), profile_ ? std::move(n) : std::string(), stream_);
     f();
+  }
+  // Whether GEMMs split activations of dtype t (F32) or round them (BF16); `what` names the setting
+  // in errors. Captured graphs keep the precision they were recorded with, so no change mid-capture.
+  bool splits(DType t, const std::string& what) const {
+    KILN_REQUIRE(t == DType::F32 || t == DType::BF16, what + " dtype must be f32 or bf16, got " + dtype_name(t));
+    KILN_REQUIRE(!capturing_, what + " dtype: not while a CUDA graph is being captured");
+    return t == DType::F32;
   }
   // Row counts in powers of two, so a profile groups decode and prefill shapes.
   static std::string bucket(int64_t m) {

@@ -57,11 +57,11 @@ class Gemm {
   ~Gemm();
   void linear(const LinearParams& p, cudaStream_t s);
   void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
-  // y = x · wᵀ (+ add, laid out as y) from x already in bf16 parts (BfParts: lo_offset m · ldx with
-  // split activations, else 0; pad columns k..ldx - 1 not read), w bf16 [n, k], y [m, n] rows
-  // y_stride apart (0: n). Any m: no GEMV path.
+  // y = x · wᵀ (+ add, laid out as y) from x already in bf16 parts (BfParts: hi, then with `split`
+  // lo at m · ldx; pad columns k..ldx - 1 not read), w bf16 [n, k], y [m, n] rows y_stride apart
+  // (0: n). Any m: no GEMV path. `split` is the parts' writer's choice, not this object's.
   void linear_parts(const __nv_bfloat16* x, int64_t ldx, const void* w, float* y, int64_t y_stride, int64_t m,
-                    int64_t n, int64_t k, const float* add, cudaStream_t s);
+                    int64_t n, int64_t k, const float* add, bool split, cudaStream_t s);
   // Independent GEMMs of one shape but their row counts, y_g = x_g · w_gᵀ: w_g [n, k] bf16
   // row-major, x_g [rows_g, k] bf16 rows ldx apart, y_g [rows_g, n] rows ldy apart, y_dtype F32 or
   // BF16 (f32 accumulation either way, rounded once on the store). They run on side streams,
@@ -75,9 +75,13 @@ class Gemm {
   void grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s,
                DType y_dtype = DType::F32);
   // true (the default): f32 activations enter every tensor-core GEMM as bf16 hi + lo rows; false:
-  // rounded to bf16 once (Backend::set_activation_dtype). The grouped MoE kernels follow it too.
-  void set_split_activations(bool split) { split_ = split; }
+  // rounded to bf16 once (Backend::set_activation_dtype). Sets the experts' choice too, which
+  // set_split_expert_activations may then override.
+  void set_split_activations(bool split) { split_ = expert_split_ = split; }
   bool split_activations() const { return split_; }
+  // The MoE experts' GEMMs (routed and shared) alone (Backend::set_expert_activation_dtype).
+  void set_split_expert_activations(bool split) { expert_split_ = split; }
+  bool split_expert_activations() const { return expert_split_; }
   std::string name() const {
     return split_ ? "cuBLASLt bf16 with hi/lo-split f32 activations (f32 accumulate)"
                   : "cuBLASLt bf16 with bf16-rounded activations (f32 accumulate)";
@@ -86,7 +90,7 @@ class Gemm {
  private:
   struct Impl;
   Impl* impl_;
-  bool split_ = true;
+  bool split_ = true, expert_split_ = true;
 };
 
 // The attention prologue (mla/mla_prepare.cu): one CTA per token (plus the fold's CTAs),

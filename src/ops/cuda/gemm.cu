@@ -327,10 +327,10 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
 }
 
 void Gemm::linear_parts(const __nv_bfloat16* x, int64_t ldx, const void* w, float* y, int64_t y_stride, int64_t m,
-                        int64_t n, int64_t k, const float* add, cudaStream_t s) {
+                        int64_t n, int64_t k, const float* add, bool split, cudaStream_t s) {
   if (m == 0 || n == 0 || k == 0) return;
   const LinearHeadsParams h{nullptr, 0, 0, w, 0, DType::BF16, y, y_stride ? y_stride : n, 0, 1, m, n, k};
-  impl_->from_parts(h, x, ldx, add, split_, s);
+  impl_->from_parts(h, x, ldx, add, split, s);
 }
 
 void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s,

@@ -146,20 +146,19 @@ constexpr int64_t kImageBudget = int64_t{256} << 20;
 void mla_expanded_wgmma(const MlaExpandedParams& p, cudaStream_t s) {
   namespace fa = mla_prefill_wgmma;
   // A/B switches, read per call so that tests can vary them (results are identical either way):
-  // KILN_MLA_PREFILL_STAGES, key tiles in flight (3 by default); KILN_MLA_PREFILL_GROUP_HEADS,
-  // heads per round of images (0: as many as kImageBudget allows).
-  const int stages = static_cast<int>(env_int("KILN_MLA_PREFILL_STAGES", 3, 2, 4));
+  // KILN_MLA_PREFILL_STAGES, key tile stages (4 by default: 2 tiles loading ahead; 3: 1 tile);
+  // KILN_MLA_PREFILL_GROUP_HEADS, heads per round of images (0: as many as kImageBudget allows).
+  const int stages = static_cast<int>(env_int("KILN_MLA_PREFILL_STAGES", 4, 3, 4));
   const int64_t max_group = env_int("KILN_MLA_PREFILL_GROUP_HEADS", 0, 0);
   struct Depth {
     decltype(&fa::flash_kernel<3>) kernel;
     size_t smem;
   };
-  static const Depth depths[] = {{fa::flash_kernel<2>, fa::smem_bytes<2>()},
-                                 {fa::flash_kernel<3>, fa::smem_bytes<3>()},
+  static const Depth depths[] = {{fa::flash_kernel<3>, fa::smem_bytes<3>()},
                                  {fa::flash_kernel<4>, fa::smem_bytes<4>()}};
-  static SmemGrants smem_done[3];
-  const auto [kernel, smem] = depths[stages - 2];
-  allow_smem(kernel, static_cast<int>(smem), smem_done[stages - 2]);
+  static SmemGrants smem_done[2];
+  const auto [kernel, smem] = depths[stages - 3];
+  allow_smem(kernel, static_cast<int>(smem), smem_done[stages - 3]);
 
   const int64_t H = p.num_heads, blocks = fa::max_blocks(p.total_kv, p.seqs.num_seqs);
   int64_t group = std::clamp<int64_t>(kImageBudget / (blocks * fa::kTileImage), 1, H);

@@ -13,8 +13,11 @@
 //     [128 x 64 keys]: 40,960 bytes. Keys past a sequence's end are zero. Sequence b's blocks
 //     start at block ceil(cu_kv[b] / 64) + b, so blocks never straddle sequences.
 //  2. flash_kernel: CTA = one head, one 128-query tile of one sequence, two warpgroups of 64 query
-//     rows. Q is converted into a swizzled shared image once; each key tile is one linear 40 KB
-//     cp.async copy into a STAGES-deep ring. Per tile and warpgroup: S = Q·Kᵀ as 12 m64n64k16
+//     rows. Q is converted into a swizzled shared image once; each key tile is one 40 KB bulk copy
+//     (cp.async.bulk, issued by thread 0) into a STAGES-deep ring of transaction barriers
+//     (mbarrier.cuh): a warpgroup waits for its tile's copy only, and frees the stage when its
+//     wgmmas are done with it, so no CTA-wide barrier realigns the two warpgroups per tile and
+//     their ping-pong (below) holds across tiles. Per tile and warpgroup: S = Q·Kᵀ as 12 m64n64k16
 //     wgmmas (both operands in shared memory); f32 online softmax in registers (exp2, causal mask
 //     only on tiles that cross the diagonal); O += P·V as 4 m64n128k16 wgmmas with P as register A
 //     fragments (the S accumulator layout is the A-fragment layout) and Vᵀ in shared memory.
@@ -25,13 +28,22 @@
 //
 // Measured on H200 (docs/results.md): 16 heads at 8k tokens 350 TFLOP/s against 194 for the
 // mma.sync flash kernel it replaced (same tiles, K/V read per warp through ldmatrix). Session 18,
-// the warpgroups' S wgmmas ordered (ping-pong): this kernel alone at 8k, 904 -> 830 us a layer in one
-// run (2 · 320 · 16 heads · 8000 · 8001 / 2 FLOP: ~363 -> ~395 TFLOP/s). Measured and left out:
-// 4 stages (815-818 vs 827-829 us in another run, whole 8k prefills +0.4%); P·V's wait deferred
-// into the next tile's S wait (ptxas serialises the wgmmas, C7515: not timed).
+// the warpgroups' S wgmmas ordered (ping-pong): this kernel alone at 8k, 904 -> 830 us a layer in
+// one run (2 · 320 · 16 heads · 8000 · 8001 / 2 FLOP: ~363 -> ~395 TFLOP/s). Session 20, the
+// cp.async ring and its per-tile __syncthreads replaced by the mbarrier ring: 827-834 -> 732-733
+// us a layer (Nsight Compute, two runs; tensor pipe 47 -> 53% active), whole 8k prefills +1.6 to
+// +2.4% (bf16 activations) and +0.6 to +1.4% (f32) in four pairs over two runs.
+// Measured and left out:
+//  - 4 stages with the old ring (815-818 vs 827-829 us, whole 8k prefills +0.4%);
+//  - P·V's wait deferred into the next tile's S wait (ptxas serialised the wgmmas, C7515);
+//  - session 20: Q held in registers as A fragments, on the old ring (shared-memory wavefronts
+//    40 -> 27% of peak, the time the same, 818 vs 822 us: shared-memory bandwidth is not the
+//    limit); on the mbarrier ring, S_j issued beside P_{j-1}·V_{j-1} (FlashAttention-3's
+//    intra-warpgroup overlap, the ping-pong kept): 759 vs 733 us.
 #pragma once
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/mbarrier.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -45,6 +57,13 @@ constexpr int kTileImage = kKImage + kVImage;        // 40,960 B per (block, hea
 constexpr int kQImage = (kQk / kPanel) * kBM * 128;  // 49,152 B: Q tile, 3 panels of 128 rows
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Key tiles in flight ahead of the one being computed: a stage is refilled two tiles after its
+// last use, so the warpgroups may drift a tile apart (ping-pong) without the copies waiting.
+template <int STAGES>
+constexpr int lead() {
+  static_assert(STAGES >= 3, "one stage in use, one a warpgroup may still read, one or more loading");
+  return STAGES - 2;
+}
 template <int STAGES>
 constexpr size_t smem_bytes() {
   return static_cast<size_t>(1024 + kQImage + STAGES * kTileImage);  // +1024: aligning the base
@@ -176,18 +195,28 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
   // tile's output unwritten rather than reading past the images.
   if (first_block(p.seqs.cu_kv, b) + n_tiles > p.blocks) return;
 
-  // Tile j of this sequence and head: one contiguous image. Always one commit group per call.
+  // Tile j of this sequence and head: one contiguous image, one bulk copy by thread 0 that lands
+  // on full[j % STAGES]. Each warp arrives on empty[s] once its wgmmas are done with stage s.
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
   const unsigned char* img0 = p.img + (first_block(p.seqs.cu_kv, b) * hg + hl) * int64_t{kTileImage};
-  auto issue_tile = [&](int j) {
-    if (j < n_tiles) {
-      const unsigned char* src = img0 + static_cast<int64_t>(j) * hg * kTileImage;
-      unsigned char* dst = stage(j % STAGES);
-      for (int c = tid; c < kTileImage / 16; c += kThreads) cp_async16(dst + c * 16, src + c * 16, true);
-    }
-    cp_async_commit();
+  auto bar = [](uint64_t* barrier) { return smem_u32(barrier); };
+  auto issue_tile = [&](int j) {  // thread 0
+    if (j >= n_tiles) return;
+    const int s = j % STAGES;
+    if (j >= STAGES) mbarrier_wait(bar(&empty[s]), ((j - STAGES) / STAGES) & 1);  // tile j - STAGES left it
+    mbarrier_arrive_expect_tx(bar(&full[s]), kTileImage);
+    bulk_copy_to_shared(smem_u32(stage(s)), img0 + static_cast<int64_t>(j) * hg * kTileImage, kTileImage,
+                        bar(&full[s]));
   };
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier_init(bar(&full[s]), 1);
+      mbarrier_init(bar(&empty[s]), kThreads / 32);
+    }
+    fence_mbarrier_init();
 #pragma unroll
-  for (int j = 0; j < STAGES - 1; ++j) issue_tile(j);
+    for (int j = 0; j < lead<STAGES>(); ++j) issue_tile(j);
+  }
 
   // Q tile -> bf16 swizzled image (rows past the sequence are zero).
   {
@@ -203,6 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
           make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w), pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
     }
   }
+  fence_proxy_async_smem();  // the Q image is visible to wgmma
+  __syncthreads();           // everyone's, and the barriers are initialised
 
   const float sl2 = p.scale * kLog2e;
   const int g = lane / 4, t4 = lane % 4;
@@ -214,21 +245,24 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
   for (int j = 0; j < n_tiles; ++j) {
-    cp_async_wait<STAGES - 2>();  // this thread's copies of tile j (and of Q) have landed
-    fence_proxy_async_smem();     // ... and are visible to wgmma
-    __syncthreads();              // everyone's are; everyone is done with tile j - 1's stage
-    issue_tile(j + STAGES - 1);   // into tile j - 1's stage
+    // Tile j + lead goes into the stage tile j + lead - STAGES = j - 2 used: both warpgroups are
+    // done with it unless one is two tiles behind the other.
+    if (tid == 0) issue_tile(j + lead<STAGES>());
+    mbarrier_wait(bar(&full[j % STAGES]), (j / STAGES) & 1);  // tile j has landed
+    __syncwarp();  // converged again for the aligned barriers and wgmmas below
     const uint32_t k_addr = smem_u32(stage(j % STAGES)), vt_addr = k_addr + kKImage;
 
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     wgmma_fence();
-    // Ping-pong: warpgroup 1 issues its S only after warpgroup 0 has issued its own. The intent: the
-    // tensor cores take warpgroup 0's S first, then warpgroup 1's while warpgroup 0 runs its softmax,
+    // Ping-pong: the warpgroups issue their S in turns (0 then 1 for each tile: barrier 1 holds
+    // warpgroup 1 until 0 has issued, barrier 2 holds 0's next until 1 has). The intent: the tensor
+    // cores take warpgroup 0's S first, then warpgroup 1's while warpgroup 0 runs its softmax,
     // instead of both softmaxes leaving them idle at once (measured: the kernel faster, its tensor
-    // pipe busier; not the schedule itself). The barrier at each tile's top realigns the two.
+    // pipe busier; not the schedule itself). Nothing else aligns them: each waits for its tiles only.
     if (wg == 1) named_barrier_sync(1, kThreads);
+    if (wg == 0 && j > 0) named_barrier_sync(2, kThreads);
 #pragma unroll
     for (int kk = 0; kk < kQk / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // k-step inside the panel
@@ -237,6 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
     }
     wgmma_commit();
     if (wg == 0) named_barrier_arrive(1, kThreads);
+    if (wg == 1 && j + 1 < n_tiles) named_barrier_arrive(2, kThreads);
     wgmma_wait<0>();
     wgmma_fence_regs(s);
 
@@ -294,6 +329,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_kernel(Params p) {
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(o);
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(bar(&empty[j % STAGES]));  // this warp's wgmmas are done with the stage
   }
 
   // Normalise and store: rows g and g + 8 of this warp's 16, columns 8d + 2 t4 (+1).

@@ -10,6 +10,8 @@
 //    layer): what prefill used before the wgmma kernels. The shapes it takes are a subset of theirs,
 //    so it runs only when KILN_MOE_WGMMA_MIN_TOKENS is raised past the step: kept as the measured
 //    baseline for A/Bs (docs/results.md), not on a default path.
+// Both expert kinds multiply activations as Gemm::split_expert_activations says (hi/lo split or
+// rounded to bf16: --expert-activation-dtype, by default --activation-dtype's choice).
 // The shared experts run as one dense MLP (or inside the decode GEMVs) and join in the
 // deterministic combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order; with
 // shared experts the add is already in shared[t] (their down GEMM's addend).
@@ -94,7 +96,7 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
   static GrowOnlyScratch idx_buf, x_buf, act_buf, y_buf;
   int32_t* idx = idx_buf.get<int32_t>(static_cast<size_t>(rows + slots + tiles));
   const AlignedLayout layout{idx, idx + rows, idx + rows + slots, tiles, bm};
-  const bool split = gemm.split_activations();
+  const bool split = gemm.split_expert_activations();
   const int64_t parts = split ? 2 : 1;  // activation parts (hi, lo)
   const bool y_bf16 = wgmma && !split;  // the wgmma down GEMM rounds y to bf16 with bf16 activations
   auto* xs = x_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * T * H_pad));           // [parts][T][H_pad]
@@ -133,9 +135,10 @@ bool wgmma_eligible(const MoeParams& p) {
 void moe_wgmma(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   // Scratch (moe_grouped): per token the x parts, the shared MLP's and k routed rows of act parts,
   // y (f32 split, else bf16) and the layout's indices; fixed, up to 127 padding rows per expert.
-  const int64_t parts = gemm.split_activations() ? 2 : 1, y_bytes = parts == 2 ? 4 : 2;
+  const int64_t parts = gemm.split_expert_activations() ? 2 : 1, y_bytes = parts == 2 ? 4 : 2;
   const int64_t per_row = parts * 2 * p.inter + y_bytes * p.hidden + 4;
-  const int64_t per_token = parts * 2 * p.hidden + p.top_k * (per_row + 8) + moe_detail::shared_mlp_bytes_per_token(p);
+  const int64_t per_token =
+      parts * 2 * p.hidden + p.top_k * (per_row + 8) + moe_detail::shared_mlp_bytes_per_token(p, false);
   moe_detail::for_token_chunks(p, per_token, p.num_experts * 127 * per_row,
                                [&](const MoeParams& c) { moe_grouped(c, gemm, true, s); });
 }
@@ -145,18 +148,23 @@ void moe_wgmma(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
 const float* moe_detail::shared_mlp(const MoeParams& p, const __nv_bfloat16* x_parts, int64_t ldx, Gemm& gemm,
                                     cudaStream_t s) {
   if (p.shared_inter <= 0) return nullptr;
-  static GrowOnlyScratch gu_buf, act_buf, out_buf;
-  const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden, parts = gemm.split_activations() ? 2 : 1;
+  static GrowOnlyScratch x_buf, gu_buf, act_buf, out_buf;
+  // The experts' activation choice, the routed experts' too (Gemm::split_expert_activations).
+  const bool split = gemm.split_expert_activations();
+  const int64_t T = p.num_tokens, S = p.shared_inter, H = p.hidden, parts = split ? 2 : 1;
   float* out = out_buf.get<float>(static_cast<size_t>(T * H));
   float* gu = gu_buf.get<float>(static_cast<size_t>(T * 2 * S));
   auto* act = act_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * T * S));  // [parts][T][S]
-  if (x_parts)
-    gemm.linear_parts(x_parts, ldx, p.w_shared_gate_up, gu, 0, T, 2 * S, H, nullptr, s);
-  else
-    gemm.linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu, 0, T, 2 * S, H}, s);
-  swiglu({gu, nullptr, T, S}, BfParts::stacked(act, T, S, parts == 2), s);  // written as the down GEMM's parts
+  if (!x_parts) {  // the cuBLASLt path gathers its own rows per expert
+    ldx = round_up(H, 8);
+    auto* xs = x_buf.get<__nv_bfloat16>(static_cast<size_t>(parts * T * ldx));  // [parts][T][ldx]
+    split_bf16(p.x, H, 0, xs, T, H, ldx, 1, split, s);
+    x_parts = xs;
+  }
+  gemm.linear_parts(x_parts, ldx, p.w_shared_gate_up, gu, 0, T, 2 * S, H, nullptr, split, s);
+  swiglu({gu, nullptr, T, S}, BfParts::stacked(act, T, S, split), s);  // written as the down GEMM's parts
   // The residual rides along as the GEMM's addend: one stream fewer for the combine to read.
-  gemm.linear_parts(act, S, p.w_shared_down, out, 0, T, H, S, p.add, s);
+  gemm.linear_parts(act, S, p.w_shared_down, out, 0, T, H, S, p.add, split, s);
   return out;
 }
 

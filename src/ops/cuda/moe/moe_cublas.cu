@@ -9,12 +9,12 @@
 // every expert is one plain cuBLASLt GEMM, run four at a time on side streams (Gemm::grouped).
 // Measured on H200 (Moonlight, docs/results.md): the MoE of an 8k prefill 10.4 -> 3.8 ms per layer.
 //
-// Precision is that of every other GEMM here (gemm.cu): f32 activations split into bf16 hi + lo
-// parts. Each expert's rows are laid out "doubled": its hi rows, then its lo rows, so one GEMM
-// reads the expert's weights once for both parts, and the kernels after it add the two halves.
+// Precision is the experts' choice (Gemm::split_expert_activations; gemm.cu): f32 activations
+// split into bf16 hi + lo parts, or rounded once. Each expert's rows are laid out "doubled": its hi rows, then its lo
+// rows, so one GEMM reads the expert's weights once for both parts, and the kernels after it add the two halves.
 //   padded row r of expert e (rows [s_e, s_e + n_e) of the aligned layout, moe_internal.cuh):
 //   hi part at doubled row s_e + r, lo part at s_e + n_e + r (expert e owns [2 s_e, 2 s_e + 2 n_e)).
-// With split activations off (Gemm::split_activations) rows are not doubled: padded row r holds
+// With split activations off (Gemm::split_expert_activations) rows are not doubled: padded row r holds
 // the bf16-rounded activation, every GEMM has half the rows, and the combine reads row_of as is.
 // Both GEMMs then store bf16 too (f32 accumulation, rounded once on the store, as vLLM and SGLang
 // keep expert outputs): gate/up is read only to be rounded into a bf16 act anyway, and y in bf16
@@ -143,7 +143,7 @@ int64_t out_bytes(bool split) {
 void moe_cublas_chunk(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, I = p.inter, H = p.hidden, slots = T * k;
   const int64_t tiles = max_tiles(slots, E, kBm), rows = tiles * kBm;
-  const bool split = gemm.split_activations();
+  const bool split = gemm.split_expert_activations();
   const int64_t parts = split ? 2 : 1;  // rows per padded row in the GEMMs
   const int64_t ob = out_bytes(split);
   KILN_REQUIRE(2 * rows < (int64_t{1} << 31), "moe: " + std::to_string(slots) + " routed slots overflow the row index");
@@ -226,10 +226,11 @@ bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s) {
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   // Scratch bytes per row: x2/act2 (bf16) and gu/y2 (out_bytes), doubled when split; per token k
   // rows, the shared MLP's and the indices; fixed, up to 63 padding rows per expert.
-  const int64_t parts = gemm.split_activations() ? 2 : 1;
+  const bool split = gemm.split_expert_activations();
+  const int64_t parts = split ? 2 : 1;
   const int64_t per_row =
-      parts * (2 * std::max(p.hidden, p.inter) + out_bytes(gemm.split_activations()) * std::max(2 * p.inter, p.hidden));
-  const int64_t per_token = p.top_k * (per_row + 16) + shared_mlp_bytes_per_token(p);
+      parts * (2 * std::max(p.hidden, p.inter) + out_bytes(split) * std::max(2 * p.inter, p.hidden));
+  const int64_t per_token = p.top_k * (per_row + 16) + shared_mlp_bytes_per_token(p, true);
   for_token_chunks(p, per_token, p.num_experts * (kBm - 1) * per_row,
                    [&](const MoeParams& c) { moe_cublas_chunk(c, gemm, s); });
 }

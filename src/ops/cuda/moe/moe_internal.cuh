@@ -125,11 +125,13 @@ void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 // The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu), plus p.add when
 // set (the down GEMM's C operand): [T, H] in scratch owned here, valid until the next call; null
 // without shared experts (p.add then left to the caller). x_parts (may be null): p.x already split
-// for the GEMMs (Gemm::linear_parts, rows ldx apart), so it is not split again. Always on cuBLASLt
-// (no GEMV path): batches of <= 8 tokens come here only when KILN_MOE_GEMV_MAX_TOKENS is lowered.
+// for the GEMMs as the experts' choice says (Gemm::linear_parts, rows ldx apart), so it is not
+// split again. Always on cuBLASLt (no GEMV path): batches of <= 8 tokens come here only when
+// KILN_MOE_GEMV_MAX_TOKENS is lowered.
 const float* shared_mlp(const MoeParams& p, const __nv_bfloat16* x_parts, int64_t ldx, Gemm& gemm, cudaStream_t s);
-// Its scratch per token: out [H] and gate/up [2S] in f32, act [S] as bf16 parts (at most 4 bytes).
-inline int64_t shared_mlp_bytes_per_token(const MoeParams& p) {
-  return p.shared_inter > 0 ? 4 * (p.hidden + 3 * p.shared_inter) : 0;
+// Its scratch per token: out [H] and gate/up [2S] in f32, act [S] and, when it splits x itself
+// (own_x: no x_parts), x [H] as bf16 parts (at most 4 bytes a value).
+inline int64_t shared_mlp_bytes_per_token(const MoeParams& p, bool own_x) {
+  return p.shared_inter > 0 ? 4 * ((own_x ? 2 : 1) * p.hidden + 3 * p.shared_inter) : 0;
 }
 }  // namespace kiln::ops::cuda::moe_detail
