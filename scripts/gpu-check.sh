@@ -67,10 +67,12 @@ for paths in "wgmma 256 1024" "cublas 1000000000 0" "mma.sync 1000000000 1000000
     done
   done
 done
-echo "== A/B: GEMM activations f32 (hi/lo split, default) or bf16 (--activation-dtype bf16)"
-for act in f32 bf16; do
+echo "== A/B: GEMM activations f32 (hi/lo split, default), bf16 experts only, or bf16 everywhere"
+for act in f32 experts-bf16 bf16; do
+  flags=(--activation-dtype "${act#experts-}")
+  [ "$act" = experts-bf16 ] && flags=(--activation-dtype f32 --expert-activation-dtype bf16)
   for len in 1000 8000; do
-    "${BENCH[@]}" --activation-dtype $act --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
+    "${BENCH[@]}" "${flags[@]}" --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
       grep -E "^ +[0-9]" | sed "s/^/activations=$act prompt=$len: /"
   done
 done

@@ -44,7 +44,7 @@ void add_precision_options(CLI::App& sub, Precision& p) {
   sub.add_option("--expert-activation-dtype", p.expert_activation_dtype,
                  "the same for the MoE experts' GEMMs (routed and shared) alone, CUDA: auto (as "
                  "--activation-dtype), f32 or bf16 (with --activation-dtype f32: most of bf16's prefill speed, a "
-                 "third of its logprob drift on the bundled model; docs/results.md)")
+                 "third of its logprob drift on the bundled model with the f32 cache; docs/results.md)")
       ->capture_default_str();
 }
 

@@ -37,7 +37,7 @@
 //  - 4 stages with the old ring (815-818 vs 827-829 us, whole 8k prefills +0.4%);
 //  - P·V's wait deferred into the next tile's S wait (ptxas serialised the wgmmas, C7515);
 //  - session 20: Q held in registers as A fragments, on the old ring (shared-memory wavefronts
-//    40 -> 27% of peak, the time the same, 818 vs 822 us: shared-memory bandwidth is not the
+//    40 -> 27.5% of peak, the time the same, 818 vs 822 us: shared-memory bandwidth is not the
 //    limit); on the mbarrier ring, S_j issued beside P_{j-1}·V_{j-1} (FlashAttention-3's
 //    intra-warpgroup overlap, the ping-pong kept): 759 vs 733 us.
 #pragma once
