@@ -10,18 +10,19 @@
 // Measured on H200 (Moonlight, docs/results.md): the MoE of an 8k prefill 10.4 -> 3.8 ms per layer.
 //
 // Precision is the experts' choice (Gemm::split_expert_activations; gemm.cu): f32 activations
-// split into bf16 hi + lo parts, or rounded once. Each expert's rows are laid out "doubled": its hi rows, then its lo
-// rows, so one GEMM reads the expert's weights once for both parts, and the kernels after it add the two halves.
+// split into bf16 hi + lo parts, or rounded once. Split, each expert's rows are laid out
+// "doubled": its hi rows, then its lo rows, so one GEMM reads the expert's weights once for both
+// parts, and the kernels after it add the two halves.
 //   padded row r of expert e (rows [s_e, s_e + n_e) of the aligned layout, moe_internal.cuh):
 //   hi part at doubled row s_e + r, lo part at s_e + n_e + r (expert e owns [2 s_e, 2 s_e + 2 n_e)).
-// With split activations off (Gemm::split_expert_activations) rows are not doubled: padded row r holds
-// the bf16-rounded activation, every GEMM has half the rows, and the combine reads row_of as is.
-// Both GEMMs then store bf16 too (f32 accumulation, rounded once on the store, as vLLM and SGLang
-// keep expert outputs): gate/up is read only to be rounded into a bf16 act anyway, and y in bf16
-// costs one more 2^-9 rounding per routed value but halves the combine's reads. At an 8k Moonlight
-// prefill that is ~1 GB less traffic per layer (gate/up 49k x 2816 and y 49k x 2048, each written
-// and read once, at 2 bytes instead of 4). The glue passes move 16 bytes per access (the widths
-// here are multiples of 64; an unaligned x takes a scalar gather) and give the bits scalar ones do.
+// With split activations off rows are not doubled: padded row r holds the bf16-rounded activation,
+// every GEMM has half the rows, and the combine reads row_of as is. Both GEMMs then store bf16 too
+// (f32 accumulation, rounded once on the store, as vLLM and SGLang keep expert outputs): gate/up is
+// read only to be rounded into a bf16 act anyway, and y in bf16 costs one more 2^-9 rounding per
+// routed value but halves the combine's reads. At an 8k Moonlight prefill that is ~1 GB less
+// traffic per layer (gate/up 49k x 2816 and y 49k x 2048, each written and read once, at 2 bytes
+// instead of 4). The glue passes move 16 bytes per access (the widths here are multiples of 64; an
+// unaligned x takes a scalar gather) and give the bits scalar ones do.
 #include <algorithm>
 #include <vector>
 
