@@ -13,6 +13,9 @@
 //   row-major, c bytes of each row per step (c = 128: the kernel; larger c: fewer rows a step);
 //   tiled: each CTA's 32 KB of a step contiguous;
 //   blocked: 16 rows x 128 bytes contiguous (2 KB blocks), [rows / 16][K / 64][16][64].
+// "+ A rows": each step also copies the activation panel a real CTA multiplies, 128 rows x 128 B of
+// its expert's row tile (16 KB, shared by the expert's column tiles, so mostly from L2), which is
+// the rest of the real kernel's traffic; GB/s count the weights alone.
 // Shapes: Moonlight's 64 experts, down [2048, 1408] and gate/up [2816, 2048]. Caches are flushed
 // between launches; the best of 4 timed launches is printed.
 // Build: part of the CUDA build (bench/CMakeLists.txt). Run: kiln-load-pattern-bench [out.json].
@@ -26,8 +29,9 @@
 
 namespace {
 
-constexpr int kStages = 4, kStageBytes = 32768, kThreads = 256;
-constexpr int kCopies = kStageBytes / 16 / kThreads;  // 16-byte copies per thread and step
+constexpr int kStages = 4, kStageBytes = 32768, kABytes = 16384, kThreads = 256;
+constexpr int kCopies = kStageBytes / 16 / kThreads;  // 16-byte weight copies per thread and step
+constexpr int kACopies = kABytes / 16 / kThreads;     // and activation copies, with A rows
 enum Layout : int { kRowMajor, kTiled, kBlocked16 };
 
 __device__ __forceinline__ void copy16(uint32_t dst, const char* src) {
@@ -35,10 +39,13 @@ __device__ __forceinline__ void copy16(uint32_t dst, const char* src) {
 }
 
 // grid: experts x (rows / (kStageBytes / c)) CTAs. `spin`: clock cycles per step standing in for
-// the MMAs. `sink` is written only if the loaded bytes sum to a value they never do.
+// the MMAs. a: null, or activations [experts x 128 rows, row_bytes] (each expert's row tile). `sink`
+// is written only if the loaded bytes sum to a value they never do.
 __global__ void __launch_bounds__(kThreads, 1)
-    load_kernel(const char* w, int64_t rows, int64_t row_bytes, int c, Layout layout, int spin, uint64_t* sink) {
+    load_kernel(const char* w, const char* a, int64_t rows, int64_t row_bytes, int c, Layout layout, int spin,
+                uint64_t* sink) {
   extern __shared__ __align__(1024) unsigned char smem[];
+  const int stage_bytes = kStageBytes + (a ? kABytes : 0);
   const int cta_rows = kStageBytes / c;
   const int64_t ctas_per_expert = rows / cta_rows, e = blockIdx.x / ctas_per_expert, ct = blockIdx.x % ctas_per_expert;
   const int steps = static_cast<int>(row_bytes / c);
@@ -59,11 +66,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       stride = 2048;
     }
   }
+  const char* a_src[kACopies];
+  for (int q = 0; q < kACopies && a; ++q) {
+    const int idx = threadIdx.x + q * kThreads;  // 16-byte chunk idx % 8 of tile row idx / 8
+    a_src[q] = a + (e * 128 + idx / 8) * row_bytes + (idx % 8) * 16;
+  }
   auto issue = [&](int step) {
     if (step < steps) {
-      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (step % kStages) * kStageBytes;
+      const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + (step % kStages) * stage_bytes;
 #pragma unroll
       for (int q = 0; q < kCopies; ++q) copy16(dst + (threadIdx.x + q * kThreads) * 16, src[q] + step * stride);
+      if (a) {
+#pragma unroll
+        for (int q = 0; q < kACopies; ++q)
+          copy16(dst + kStageBytes + (threadIdx.x + q * kThreads) * 16, a_src[q] + step * 128);
+      }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
@@ -72,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int step = 0; step < steps; ++step) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
     __syncthreads();
-    sum += smem[(step % kStages) * kStageBytes + threadIdx.x * 4];
+    sum += smem[(step % kStages) * stage_bytes + threadIdx.x * 4];
     for (const long long t0 = clock64(); clock64() - t0 < spin;) {
     }
     __syncthreads();
@@ -99,27 +116,31 @@ int main(int argc, char** argv) {
     int64_t rows, k;
   };
   const Shape shapes[] = {{"down", 2048, 1408}, {"gate/up", 2816, 2048}};
-  char *w = nullptr, *flush = nullptr;
+  char *w = nullptr, *a = nullptr, *flush = nullptr;
   uint64_t* sink = nullptr;
-  const size_t w_bytes = kExperts * 2816 * 2048 * 2, flush_bytes = size_t{256} << 20;
+  const size_t w_bytes = kExperts * 2816 * 2048 * 2, a_bytes = kExperts * 128 * 2048 * 2,
+               flush_bytes = size_t{256} << 20;
   CHECK(cudaMalloc(&w, w_bytes));
   CHECK(cudaMemset(w, 1, w_bytes));
+  CHECK(cudaMalloc(&a, a_bytes));
+  CHECK(cudaMemset(a, 1, a_bytes));
   CHECK(cudaMalloc(&flush, flush_bytes));
   CHECK(cudaMalloc(&sink, sizeof(uint64_t)));
-  CHECK(cudaFuncSetAttribute(load_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kStages * kStageBytes));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  CHECK(cudaFuncSetAttribute(load_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kStages * (kStageBytes + kABytes)));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
   std::string json = "[";
   struct Variant {
     Layout layout;
     int c;
     const char* name;
+    bool with_a = false;
   };
-  const Variant variants[] = {{kRowMajor, 128, "row-major, 128 B a row"},
-                              {kRowMajor, 256, "row-major, 256 B a row"},
-                              {kTiled, 128, "tiled, 32 KB contiguous"},
-                              {kBlocked16, 128, "16-row 2 KB blocks"}};
+  const Variant variants[] = {{kRowMajor, 128, "row-major, 128 B a row"},   {kRowMajor, 256, "row-major, 256 B a row"},
+                              {kTiled, 128, "tiled, 32 KB contiguous"},     {kBlocked16, 128, "16-row 2 KB blocks"},
+                              {kRowMajor, 128, "row-major + A rows", true}, {kTiled, 128, "tiled + A rows", true}};
   for (const Shape& s : shapes) {
     const int64_t row_bytes = s.k * 2, bytes = kExperts * s.rows * row_bytes;
     for (int spin : {0, 900}) {
@@ -129,12 +150,13 @@ int main(int argc, char** argv) {
         float best = 1e30f;
         for (int it = 0; it < 5; ++it) {
           CHECK(cudaMemset(flush, it, flush_bytes));
-          CHECK(cudaEventRecord(a));
-          load_kernel<<<grid, kThreads, kStages * kStageBytes>>>(w, s.rows, row_bytes, v.c, v.layout, spin, sink);
-          CHECK(cudaEventRecord(b));
-          CHECK(cudaEventSynchronize(b));
+          CHECK(cudaEventRecord(start));
+          load_kernel<<<grid, kThreads, kStages*(kStageBytes + (v.with_a ? kABytes : 0))>>>(
+              w, v.with_a ? a : nullptr, s.rows, row_bytes, v.c, v.layout, spin, sink);
+          CHECK(cudaEventRecord(stop));
+          CHECK(cudaEventSynchronize(stop));
           float ms = 0;
-          CHECK(cudaEventElapsedTime(&ms, a, b));
+          CHECK(cudaEventElapsedTime(&ms, start, stop));
           if (it > 0 && ms < best) best = ms;  // the first launch warms up
         }
         const double gbps = static_cast<double>(bytes) / (best * 1e6);
