@@ -23,7 +23,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// cp.async / ldmatrix wrappers (grouped MoE GEMMs, prefill attention). 16-byte copies; ok = false zero-fills the
+// cp.async / ldmatrix wrappers (grouped MoE GEMMs, MLA decode, GEMVs). 16-byte copies; ok = false zero-fills the
 // destination (src must still be a valid address).
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
