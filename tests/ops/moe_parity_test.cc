@@ -231,31 +231,43 @@ std::vector<float> uniform(size_t n, uint64_t seed, float scale) {
   return v;
 }
 
-// The experts of shape s (weights, routing and shared experts from `seed`) applied to x on `be`,
-// plus `add` fused into the op when given.
+// The experts of shape s on `be`: weights, routing and shared experts from `seed`, input x, `add`
+// fused into the op when given, and a NaN-poisoned output; the tensors live as long as this does.
+struct MoeOnBackend {
+  ops::OwnedTensor x, gate_up, down, ids, weights, out, shared_gate_up, shared_down, add;
+  ops::MoeParams p{};
+  MoeOnBackend(ops::Backend& be, const MoeShape& s, uint64_t seed, const std::vector<float>& xv,
+               const std::vector<float>* addv = nullptr) {
+    const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
+    const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
+    const auto idv = moe_routing(s, seed);
+    std::vector<float> tw(idv.size());
+    for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
+    x = put(be, xv), gate_up = put(be, wgu, DType::BF16), down = put(be, wd, DType::BF16);
+    ids = put_raw(be, idv, DType::I32), weights = put(be, tw);
+    out = poisoned(be, xv.size());
+    p = ops::MoeParams{x.f32(),       ids.t.as<int32_t>(),
+                       weights.f32(), gate_up.t.data,
+                       down.t.data,   DType::BF16,
+                       out.f32(),     s.tokens,
+                       s.hidden,      s.inter,
+                       s.experts,     s.top_k};
+    if (s.shared_inter > 0) {
+      const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
+      const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
+      shared_gate_up = put(be, sgu, DType::BF16), shared_down = put(be, sd, DType::BF16);
+      p.w_shared_gate_up = shared_gate_up.t.data, p.w_shared_down = shared_down.t.data;
+      p.shared_inter = s.shared_inter;
+    }
+    if (addv) add = put(be, *addv), p.add = add.f32();
+  }
+};
+
 std::vector<float> run_moe_experts(ops::Backend& be, const MoeShape& s, uint64_t seed, const std::vector<float>& x,
                                    const std::vector<float>* add = nullptr) {
-  const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
-  const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
-  const auto ids = moe_routing(s, seed);
-  std::vector<float> tw(ids.size());
-  for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
-  auto tx = put(be, x), tg = put(be, wgu, DType::BF16), td = put(be, wd, DType::BF16);
-  auto ti = put_raw(be, ids, DType::I32), tww = put(be, tw);
-  auto to = poisoned(be, x.size());
-  ops::MoeParams p{tx.f32(), ti.t.as<int32_t>(), tww.f32(), tg.t.data, td.t.data, DType::BF16,
-                   to.f32(), s.tokens,           s.hidden,  s.inter,   s.experts, s.top_k};
-  OwnedTensor tsgu, tsd;
-  if (s.shared_inter > 0) {
-    const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
-    const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
-    tsgu = put(be, sgu, DType::BF16), tsd = put(be, sd, DType::BF16);
-    p.w_shared_gate_up = tsgu.t.data, p.w_shared_down = tsd.t.data, p.shared_inter = s.shared_inter;
-  }
-  OwnedTensor ta;
-  if (add) ta = put(be, *add), p.add = ta.f32();
-  be.moe(p);
-  return get(be, to);
+  MoeOnBackend m(be, s, seed, x, add);
+  be.moe(m.p);
+  return get(be, m.out);
 }
 
 TEST(Parity, MoeExperts) {
@@ -463,8 +475,10 @@ TEST(Parity, MoeExpertActivationDtype) {
 // The three prefill expert paths, each against the CPU with f32 (hi/lo split) and bf16
 // activations, and each repeating bit for bit: the wgmma kernels (from KILN_MOE_WGMMA_MIN_TOKENS,
 // 0 here), the cuBLASLt per-expert GEMMs and the grouped mma.sync kernels (the other two reached
-// by moving the thresholds, read per call). Shapes: inter 192 and hidden 320 leave a half-filled
+// by moving the thresholds, read per call). Shapes: inter 192 and hidden 320 leave a partly filled
 // last column tile in both wgmma GEMMs; 17 tokens leave most of every 128-row tile as padding;
+// expert 0 in every slot 0 of 320 and 321 tokens fills its last tile with exactly 64 and 65 rows
+// (the wgmma kernels' second warpgroup then skips its MMAs, and then must not);
 // few experts (most get none) and one expert in every token's slot 0 (its rows span many tiles);
 // the residual add, without and with shared experts (their down GEMM adds it); Moonlight widths
 // with shared experts; 3,072 experts (the expert sort's multi-round scan). "several passes":
@@ -478,13 +492,12 @@ TEST(Parity, MoePrefillPathsAgree) {
     MoeShape s;
     bool add = false;
   };
-  const Case cases[] = {{{600, 320, 192, 16, 4, MoeRouting::Random, 128}},
-                        {{17, 128, 64, 8, 2, MoeRouting::Random}},
-                        {{1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256}},
-                        {{1100, 256, 128, 16, 4, MoeRouting::OneHot}, true},
-                        {{600, 320, 192, 16, 4, MoeRouting::Random, 128}, true},
-                        {{600, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},
-                        {{2600, 64, 64, 3072, 8, MoeRouting::Random}}};
+  const Case cases[] = {
+      {{600, 320, 192, 16, 4, MoeRouting::Random, 128}},       {{17, 128, 64, 8, 2, MoeRouting::Random}},
+      {{1100, 256, 128, 16, 4, MoeRouting::FewExperts, 256}},  {{1100, 256, 128, 16, 4, MoeRouting::OneHot}, true},
+      {{600, 320, 192, 16, 4, MoeRouting::Random, 128}, true}, {{600, 2048, 1408, 64, 6, MoeRouting::Random, 2816}},
+      {{2600, 64, 64, 3072, 8, MoeRouting::Random}},           {{320, 320, 192, 16, 4, MoeRouting::OneHot, 128}},
+      {{321, 320, 192, 16, 4, MoeRouting::OneHot, 128}}};
   struct Path {
     const char* name;
     const char* wgmma_min;
@@ -517,6 +530,54 @@ TEST(Parity, MoePrefillPathsAgree) {
         EXPECT_LE(norm_err(want, got), bf16 ? path.bf16_bound : 1e-4f) << what;
         EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << what;
       }
+    }
+  }
+}
+
+// The wgmma expert path recorded in a CUDA graph (decode steps of 256 or more sequences take it,
+// its down GEMM launched with programmatic dependent launch): a replay gives the eager op's bits,
+// and a replay after new routing ids is the eager op on those ids. Shapes with padding-only
+// warpgroups, partly filled column tiles and a 65-row last tile; both activation modes.
+TEST(Parity, MoeWgmmaGraphReplayMatchesEager) {
+  KILN_NEED_GPU();
+  auto& gpu = backends().gpu;
+  ASSERT_TRUE(gpu->supports_graphs());
+  const ScopedEnv wgmma("KILN_MOE_WGMMA_MIN_TOKENS", "0");
+  const ScopedEnv cublas("KILN_MOE_CUBLAS_MIN_TOKENS", "1000000000");
+  const MoeShape shapes[] = {{600, 320, 192, 16, 4, MoeRouting::Random, 128},
+                             {321, 320, 192, 16, 4, MoeRouting::OneHot}};
+  uint64_t seed = 1400;
+  for (const MoeShape& s : shapes) {
+    ++seed;
+    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
+    const std::vector<float> nan(x.size(), std::numeric_limits<float>::quiet_NaN());
+    MoeShape other = s;
+    other.routing = MoeRouting::Random;
+    const auto new_ids = moe_routing(other, seed + 50);
+    for (const DType act : {DType::F32, DType::BF16}) {
+      const GpuActivations dtype(act);
+      const std::string what = std::to_string(s.tokens) + " tokens, " + (act == DType::BF16 ? "bf16" : "f32");
+      MoeOnBackend m(*gpu, s, seed, x);
+      gpu->moe(m.p);  // eager first: the op's scratch is sized before the capture
+      const auto want = get(*gpu, m.out);
+      gpu->upload(m.out.t, nan.data());
+      gpu->begin_capture();
+      gpu->moe(m.p);
+      const auto graph = gpu->end_capture();
+      ASSERT_TRUE(graph) << what;
+      gpu->replay(graph);
+      const auto got = get(*gpu, m.out);
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
+      // New routing through the same graph, against the eager op on it.
+      gpu->upload(m.ids.t, new_ids.data());
+      gpu->upload(m.out.t, nan.data());
+      gpu->replay(graph);
+      const auto got_new = get(*gpu, m.out);
+      gpu->upload(m.out.t, nan.data());
+      gpu->moe(m.p);
+      const auto want_new = get(*gpu, m.out);
+      EXPECT_EQ(0, std::memcmp(want_new.data(), got_new.data(), want_new.size() * sizeof(float))) << what;
+      EXPECT_NE(0, std::memcmp(want.data(), want_new.data(), want.size() * sizeof(float))) << what;
     }
   }
 }

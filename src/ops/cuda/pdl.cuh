@@ -2,15 +2,18 @@
 // launch, ramp-up and tail used to sit on the critical path. A kernel launched with launch_pdl may
 // start while the kernel before it in the stream is still running; it may read only constant data
 // (weights: prefetch_l2 them into L2) until pdl_wait() returns, which is when the previous kernel
-// has finished and its writes are visible. Every kernel calls pdl_trigger() once it is past its
-// own wait, which lets the next kernel launch early; both are no-ops without a programmatic
+// has finished and its writes are visible. Kernels call pdl_trigger() once past their own wait
+// (a plainly launched one may call it at once), which lets the next kernel launch early; a kernel
+// that never calls it lets the next one launch when it exits. Both are no-ops without a programmatic
 // dependency, so a kernel may use them however it is launched. KILN_PDL=0 launches everything
 // plainly (for A/B measurements).
 // Invariant: every kernel triggers only after its own pdl_wait (at least one CTA of every launch
 // waits; a CTA may trigger and leave early only if others of its grid still wait). So when a
 // kernel starts, every kernel before its immediate predecessor has completed and flushed. The MLA
 // decode kernel relies on that: before its wait it reads the launch inputs and KV rows of earlier
-// steps (not the rows its predecessor, mla_prepare, writes this step).
+// steps (not the rows its predecessor, mla_prepare, writes this step); so does the prefill MoE down
+// GEMM (moe_wgmma.cu), which reads the expert layout. A kernel launched plainly starts after
+// everything before it is done, so it may trigger at once (the MoE gate/up GEMM before it does).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -113,8 +116,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 // kernel<<<grid, block, smem, s>>>(args...), allowed to overlap the previous kernel's tail, with
 // one more launch attribute when `extra` is set (a cluster shape, a cooperative launch), which
 // stays when KILN_PDL=0. The kernel must call pdl_wait() before it reads anything but constants or
-// writes anything at all; the one exception reads data that kernels before its immediate
-// predecessor wrote (see below).
+// writes anything at all; the exceptions read data that kernels before its immediate predecessor
+// wrote (the invariant above).
 template <typename... Params, typename... Args>
 void launch_pdl_with(const cudaLaunchAttribute* extra, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                      cudaStream_t s, Args&&... args) {

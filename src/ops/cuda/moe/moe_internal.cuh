@@ -62,7 +62,8 @@ struct GateUpArgs {
   bool split;
 };
 
-// Down GEMM: y[r, h] = act[r] · Wd[e(r), h] over every padded row r (padding rows give 0).
+// Down GEMM: y[r, h] = act[r] · Wd[e(r), h] over every padded row r (padding rows give 0; the wgmma
+// kernels leave padding rows of act and y unwritten, as nothing reads them).
 struct DownArgs {
   const __nv_bfloat16* act_split;  // [2][max_tiles * bm][inter_pad]
   int64_t inter, inter_pad;

@@ -1,7 +1,8 @@
 // The two grouped expert GEMMs of prefill-sized batches on Hopper warpgroup MMAs (wgmma, sm_90a):
 // the same arguments and layout as the mma.sync kernels of moe_grouped_gemm.cu (moe_internal.cuh),
 // with 128-row M tiles (AlignedLayout::bm = 128), so every expert of a batch runs in one launch
-// and nothing goes back to the host.
+// and nothing goes back to the host. Unlike those, they leave the padding rows of act and y
+// unwritten, so the two paths' kernels do not mix.
 //
 // Why: at a 1k-token Moonlight prefill each of the 64 experts gets ~96 rows. One cuBLASLt GEMM per
 // expert (moe_cublas.cu) took 1.07 ms per layer for ~1.1 GB of expert weights, ~0.26 ms of HBM
@@ -27,6 +28,14 @@
 // the warpgroups issue k's wgmmas and wait for k - 1's, and a second barrier frees k - 1's stage
 // for the loads of step k + stages - 1 while k's wgmmas run.
 //
+// Uneven experts (session 21): with random weights, the router gives a 1k-token prefill ~84 tiles
+// for its 6,000 rows (0 to 604 rows an expert): 41-48% of the tile rows are padding. Padding rows
+// cost no loads (zero-filled A), no stores, and, when a warpgroup's 64 rows are all padding, no
+// wgmmas. The down kernel launches with programmatic dependent launch: its CTAs can take the SMs
+// the gate/up kernel's last wave leaves and load their first weight stages before waiting for act
+// (not measured apart). Against session 20's kernels (H200, same runs): whole prefills 5-7% faster
+// at 1k with bf16 activations and 10-11% with f32; 1.9-3.0% at 8k (docs/results.md).
+//
 // Ceiling at an 8k-token Moonlight prefill (49k routed rows, bf16): gate/up 49k x 2816 x 2048 and
 // down 49k x 2048 x 1408 are 850 GFLOP, ~0.95 ms at the H200's measured 893 TFLOP/s; at 1k tokens
 // the ~1.1 GB of expert weights, read once, are ~0.26 ms at 4.3 TB/s. Measured (Nsight Compute,
@@ -43,9 +52,12 @@
 // fence before the wgmmas (not correct, and not faster either); padding rows of A reading real rows
 // instead of zero-filling (266-269 vs 297-301 us at 1k with IEEE division in the epilogue, 251-252
 // vs 248-249 with silu_mul's).
+#include <type_traits>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/moe/moe_internal.cuh"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace kiln::ops::cuda::moe_detail {
@@ -68,7 +80,7 @@ struct Pipe {
 struct Args {
   const __nv_bfloat16* a;      // gate/up: x parts [parts][T][lda]; down: act parts [parts][rows][lda]
   int64_t a_lo, lda;           // element offset of the lo part; row stride
-  const int32_t* sorted_slot;  // gate/up: A row of padded row r is sorted_slot[r] / top_k (-1: zeros)
+  const int32_t* sorted_slot;  // slot of padded row r, -1 for padding; gate/up: its A row is slot / top_k
   int64_t top_k;
   const int32_t* tile_expert;  // [max_tiles] of 128-row tiles; -1 past the real ones
   const __nv_bfloat16* w;      // [E, w_rows, K]
@@ -78,49 +90,87 @@ struct Args {
   void* y;  // down out: [rows, n], f32 (split) or bf16
 };
 
+// The epilogue's staging for bf16 outputs (act; y with bf16 activations): the tile's outputs as
+// rows of kRowBytes (one part), kPitch apart, in the ring's shared memory (idle once the K loop is
+// done). The 16 bytes of padding put the 8 rows of one fragment store in different banks.
+template <bool kGateUp, bool kSplit>
+struct Staging {
+  static constexpr int kRowBytes = (kGateUp ? kBN / 2 : kBN) * 2;  // 256 or 512
+  static constexpr int kPitch = kRowBytes + 16;
+  static constexpr int kParts = kGateUp && kSplit ? 2 : 1;  // act hi and lo
+  static constexpr int kChunks = kRowBytes / 16;            // 16-byte copies a row
+  static_assert(size_t{kParts} * kBM * kPitch <= Pipe<kSplit>::kSmemBytes - 1024, "staging fits the ring");
+};
+
 // Writes a consumer thread's accumulators. Accumulator (column block j, element v): row
 // 16 wq + lane / 4 (+ 8 for v >= 2) of warpgroup wg's 64, column 8 j + 2 (lane % 4) + (v & 1).
+// Padding rows (no slot) and columns past n are not written: the down GEMM zero-fills its A rows
+// there and the combine reads only real rows.
+// bf16 outputs go through shared memory, then out as whole rows, 16 bytes a thread, a warp's
+// stores contiguous. Stored straight from the fragments, a warp's store covered 8 rows x 16 bytes,
+// and at a 1k-token prefill the down kernel's epilogue held 21% of its warps' stall samples (the
+// gate/up kernel's 8%) while nothing else ran on its SM (Nsight Compute, H200, session 21).
+// f32 y (down, split activations) is stored straight: a warp's float2 stores cover 8 rows x 32
+// bytes, whole sectors, and staged it was slower at 8k than the old direct stores in the same run
+// (852-860 vs 841-844 us; H200, session 21).
 template <bool kGateUp, bool kSplit>
 __device__ __forceinline__ void store_tile(const Args& p, const float (&acc)[128], int64_t tile, int64_t n0, int wg,
-                                           int wq, int lane) {
-  const int64_t row_base = tile * kBM + wg * 64 + wq * 16 + lane / 4;
+                                           int wq, int lane, unsigned char* smem) {
+  const int row_base = wg * 64 + wq * 16 + lane / 4;
   const int col_base = 2 * (lane % 4);
-  if constexpr (kGateUp) {
-#pragma unroll
-    for (int j = 0; j < kBN / 16; ++j) {
-      const int64_t col = n0 + 8 * j + col_base;
-      if (col >= p.n) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float v[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float g = acc[4 * j + 2 * h + i], u = acc[4 * (j + kBN / 16) + 2 * h + i];
-          v[i] = silu_mul(g, u);
-        }
-        const int64_t at = (row_base + 8 * h) * p.ldo + col;
-        __nv_bfloat16 hi[2], lo[2];
-        store_bf16_parts(v[0], &hi[0], &lo[0]);
-        store_bf16_parts(v[1], &hi[1], &lo[1]);
-        *reinterpret_cast<__nv_bfloat162*>(p.act + at) = __halves2bfloat162(hi[0], hi[1]);
-        if constexpr (kSplit)
-          *reinterpret_cast<__nv_bfloat162*>(p.act + p.act_lo + at) = __halves2bfloat162(lo[0], lo[1]);
-      }
-    }
-  } else {
+  if constexpr (!kGateUp && kSplit) {
+    const int64_t r0 = tile * kBM + row_base;
+    const bool live[2] = {p.sorted_slot[r0] >= 0, p.sorted_slot[r0 + 8] >= 0};
 #pragma unroll
     for (int j = 0; j < kBN / 8; ++j) {
       const int64_t col = n0 + 8 * j + col_base;
       if (col >= p.n) continue;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t at = (row_base + 8 * h) * p.n + col;
-        const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-        if constexpr (kSplit)
-          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + at) = make_float2(v0, v1);
-        else
-          *reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.y) + at) = pack_bf16(v0, v1);
-      }
+      for (int h = 0; h < 2; ++h)
+        if (live[h])
+          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + (r0 + 8 * h) * p.n + col) =
+              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+    return;
+  } else {
+    using St = Staging<kGateUp, kSplit>;
+    __syncthreads();  // both warpgroups' wgmmas are done reading the ring
+    if constexpr (kGateUp) {
+#pragma unroll
+      for (int j = 0; j < kBN / 16; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float v[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) v[i] = silu_mul(acc[4 * j + 2 * h + i], acc[4 * (j + kBN / 16) + 2 * h + i]);
+          const int at = (row_base + 8 * h) * St::kPitch + (8 * j + col_base) * 2;
+          __nv_bfloat16 hi[2], lo[2];
+          store_bf16_parts(v[0], &hi[0], &lo[0]);
+          store_bf16_parts(v[1], &hi[1], &lo[1]);
+          *reinterpret_cast<__nv_bfloat162*>(smem + at) = __halves2bfloat162(hi[0], hi[1]);
+          if constexpr (kSplit)
+            *reinterpret_cast<__nv_bfloat162*>(smem + kBM * St::kPitch + at) = __halves2bfloat162(lo[0], lo[1]);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<uint32_t*>(smem + (row_base + 8 * h) * St::kPitch + (8 * j + col_base) * 2) =
+              pack_bf16(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+    __syncthreads();
+    // Out: chunk c of staged row r is columns n0 + 8 c.. of padded row tile * kBM + r.
+    __nv_bfloat16* const dst = kGateUp ? p.act : static_cast<__nv_bfloat16*>(p.y);
+    const int64_t ld = kGateUp ? p.ldo : p.n;
+    for (int i = threadIdx.x; i < kBM * St::kChunks; i += kThreads) {
+      const int r = i / St::kChunks, c = i % St::kChunks;
+      const int64_t row = tile * kBM + r, col = n0 + 8 * c;
+      if (p.sorted_slot[row] < 0 || col >= p.n) continue;
+#pragma unroll
+      for (int part = 0; part < St::kParts; ++part)
+        *reinterpret_cast<uint4*>(dst + (part ? p.act_lo : 0) + row * ld + col) =
+            *reinterpret_cast<const uint4*>(smem + (part * kBM + r) * St::kPitch + c * 16);
     }
   }
 }
@@ -134,6 +184,9 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   // neighbours, so they share its A rows in L2.
   const int64_t col_tiles = (p.n + (kGateUp ? kBN / 2 : kBN) - 1) / (kGateUp ? kBN / 2 : kBN);
   const int64_t tile = blockIdx.x / col_tiles, col_tile = blockIdx.x % col_tiles;
+  // The gate/up kernel is launched plainly (everything before it is done), so it may let the down
+  // kernel launch at once: the down CTAs then take SMs as this grid's last wave leaves them.
+  if constexpr (kGateUp) pdl_trigger();
   const int e = p.tile_expert[tile];
   if (e < 0) return;  // past the real tiles of the upper-bound grid
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wq = warp % 4;
@@ -146,14 +199,15 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
 
   // This thread's 16-byte chunk (tid % 8) of A rows tid / 8 + 32 q and weight rows likewise: one
   // swizzled shared offset (rows 32 apart share their swizzle phase), one source pointer per copy
-  // advanced by the step, and the gathered A rows' source size (0 for padding slots: zeros, nothing
-  // read) fixed for the whole K loop. Weight rows past n read row n - 1 instead of zero-filling:
-  // their products land only in columns past n, which nothing reads. Computing each copy's address,
-  // predicate and size per step had cost the issuing warps ~250 instructions a step, between one
-  // step's wgmmas and the next (SASS, H200). Padding rows must not read a real row instead: at 256
-  // tokens most of each tile is padding, and all of them reading token 0's row took the MoE layer
-  // with split activations to 709 us, against 588 zero-filling (H200, session 15 runs 10 and 11,
-  // two machines; session 14's kernel measured 618 on a third).
+  // advanced by the step, and the A rows' source size (0 for padding rows: zeros, nothing read;
+  // gate/up gathers the others by token) fixed for the whole K loop. Weight rows past n read row
+  // n - 1 instead of zero-filling: their products land only in columns past n, which nothing
+  // reads. Computing each copy's address, predicate and size per step had cost the issuing warps
+  // ~250 instructions a step, between one step's wgmmas and the next (SASS, H200). Padding rows
+  // must not read a real row instead: at 256 tokens most of each tile is padding, and all of them
+  // reading token 0's row took the MoE layer with split activations to 709 us, against 588
+  // zero-filling (H200, session 15 runs 10 and 11, two machines; session 14's kernel measured 618
+  // on a third).
   const int chunk = tid % 8, row0 = tid / 8;
   const uint32_t smem_off = sw128_offset(row0, chunk);
   const char* a_src[kAChunks];
@@ -161,12 +215,9 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
 #pragma unroll
   for (int q = 0; q < kAChunks; ++q) {
     int64_t row = tile * kBM + row0 + 32 * q;
-    a_bytes[q] = 16;
-    if constexpr (kGateUp) {
-      const int32_t slot = p.sorted_slot[row];
-      row = slot < 0 ? 0 : slot / p.top_k;
-      a_bytes[q] = slot < 0 ? 0 : 16;
-    }
+    const int32_t slot = p.sorted_slot[row];
+    a_bytes[q] = slot < 0 ? 0 : 16;
+    if constexpr (kGateUp) row = slot < 0 ? 0 : slot / p.top_k;
     a_src[q] = reinterpret_cast<const char*>(p.a + row * p.lda + chunk * 8);
   }
   const __nv_bfloat16* w_e = p.w + static_cast<int64_t>(e) * p.w_rows * p.K;
@@ -186,24 +237,50 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   const int64_t a_lo_bytes = p.a_lo * 2;
 
   const int steps = static_cast<int>(p.K / kBK);
+  auto stage_addr = [&](int step) { return smem_u32(smem) + (step % P::kStages) * P::kStageBytes + smem_off; };
+  auto issue_a = [&](int step) {
+    const int64_t k_bytes = static_cast<int64_t>(step) * kBK * 2;
+#pragma unroll
+    for (int part = 0; part < P::kParts; ++part)
+#pragma unroll
+      for (int q = 0; q < kAChunks; ++q)
+        cp_async16_bytes(stage_addr(step) + part * kAPanel + q * 32 * 128, a_src[q] + k_bytes + (part ? a_lo_bytes : 0),
+                         a_bytes[q]);
+  };
+  auto issue_b = [&](int step) {
+    const int64_t k_bytes = static_cast<int64_t>(step) * kBK * 2;
+    const uint32_t b_s = stage_addr(step) + P::kParts * kAPanel;
+#pragma unroll
+    for (int q = 0; q < kBChunks; ++q) cp_async16_bytes(b_s + q * 32 * 128, b_src[q] + k_bytes, 16u);
+  };
+  // One commit group per step (the waits below count steps); a group also completes the copies
+  // issued before it uncommitted.
   auto issue = [&](int step) {
     if (step < steps) {
-      const uint32_t a_s = smem_u32(smem) + (step % P::kStages) * P::kStageBytes + smem_off;
-      const uint32_t b_s = a_s + P::kParts * kAPanel;
-      const int64_t k_bytes = static_cast<int64_t>(step) * kBK * 2;
-#pragma unroll
-      for (int part = 0; part < P::kParts; ++part)
-#pragma unroll
-        for (int q = 0; q < kAChunks; ++q)
-          cp_async16_bytes(a_s + part * kAPanel + q * 32 * 128, a_src[q] + k_bytes + (part ? a_lo_bytes : 0),
-                           a_bytes[q]);
-#pragma unroll
-      for (int q = 0; q < kBChunks; ++q) cp_async16_bytes(b_s + q * 32 * 128, b_src[q] + k_bytes, 16u);
+      issue_a(step);
+      issue_b(step);
     }
-    cp_async_commit();  // always one group per call, so the waits below count steps
+    cp_async_commit();
   };
+  if constexpr (kGateUp) {
 #pragma unroll
-  for (int i = 0; i < P::kStages - 1; ++i) issue(i);
+    for (int i = 0; i < P::kStages - 1; ++i) issue(i);
+  } else {
+    // The first stages' weights are on their way before the wait: constants, as are the layout's
+    // tables read above (pdl.cuh: moe_align wrote them before our predecessor, the gate/up GEMM,
+    // started). Only act comes from the gate/up kernel. (If every slot was dropped, no CTA of
+    // this grid reaches the wait: harmless, as there is nothing to read and nothing after us
+    // launches programmatically.)
+#pragma unroll
+    for (int i = 0; i < P::kStages - 1; ++i)
+      if (i < steps) issue_b(i);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < P::kStages - 1; ++i) {
+      if (i < steps) issue_a(i);
+      cp_async_commit();
+    }
+  }
 
   float acc[128];
 #pragma unroll
@@ -212,26 +289,44 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   // the address field (14 bits: shared addresses stay below 256 KB, so nothing carries out).
   const uint64_t desc_a = wgmma_desc_sw128(smem_u32(smem) + wg * 64 * 128);
   const uint64_t desc_b = wgmma_desc_sw128(smem_u32(smem) + P::kParts * kAPanel);
-  for (int step = 0; step < steps; ++step) {
-    cp_async_wait<P::kStages - 2>();  // this thread's copies of `step` have landed
-    fence_proxy_async_smem();         // ... and are visible to wgmma
-    __syncthreads();                  // everyone's are
-    const uint64_t stage = static_cast<uint64_t>((step % P::kStages) * P::kStageBytes) >> 4;
-    wgmma_fence();
+  // A tile's real rows come first (moe_align pads each expert's last tile at its end): a
+  // warpgroup whose 64 rows are all padding skips its wgmmas and leaves the tensor cores to the
+  // other. At 1k tokens ~84 tiles hold 6,000 rows: 41-48% of the tile rows are padding.
+  const bool wg_rows = __shfl_sync(0xffffffffu, p.sorted_slot[tile * kBM + wg * 64] >= 0 ? 1 : 0, 0) != 0;
+  // The K loop, with or without this warpgroup's wgmmas. Two copies rather than a branch around
+  // the wgmmas: with the branch, ptxas fenced the accumulators at every step (C7519), and the
+  // tensor pipe went from 69% to 52% active in the gate/up kernel at 8k tokens (H200). The copies
+  // meet at barrier 0 the same number of times a step, each warp converged; strictly, PTX asks
+  // all threads of a CTA to execute the same aligned barrier instruction, which these are not
+  // (they ran correctly on the H200; a non-aligned barrier.sync would be the conformant form).
+  auto k_loop = [&](auto with_mma) {
+    for (int step = 0; step < steps; ++step) {
+      cp_async_wait<P::kStages - 2>();  // this thread's copies of `step` have landed
+      fence_proxy_async_smem();         // ... and are visible to wgmma
+      __syncthreads();                  // everyone's are
+      if constexpr (decltype(with_mma)::value) {
+        const uint64_t stage = static_cast<uint64_t>((step % P::kStages) * P::kStageBytes) >> 4;
+        wgmma_fence();
 #pragma unroll
-    for (int part = 0; part < P::kParts; ++part)
+        for (int part = 0; part < P::kParts; ++part)
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_m64n256k16_ss(acc, desc_a + stage + (part * kAPanel + kk * 32) / 16, desc_b + stage + kk * 32 / 16);
-    wgmma_commit();
-    wgmma_wait<1>();               // step - 1's wgmmas are done in this warpgroup
-    __syncthreads();               // ... and in the other: its stage is free
-    issue(step + P::kStages - 1);  // into step - 1's stage
-  }
+          for (int kk = 0; kk < kBK / 16; ++kk)
+            wgmma_m64n256k16_ss(acc, desc_a + stage + (part * kAPanel + kk * 32) / 16, desc_b + stage + kk * 32 / 16);
+        wgmma_commit();
+        wgmma_wait<1>();  // step - 1's wgmmas are done in this warpgroup
+      }
+      __syncthreads();               // ... and in the other: its stage is free
+      issue(step + P::kStages - 1);  // into step - 1's stage
+    }
+  };
+  if (wg_rows)
+    k_loop(std::true_type{});
+  else
+    k_loop(std::false_type{});
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
 
-  store_tile<kGateUp, kSplit>(p, acc, tile, n0, wg, wq, lane);
+  store_tile<kGateUp, kSplit>(p, acc, tile, n0, wg, wq, lane, smem);
 }
 
 bool widths_ok(int64_t hidden, int64_t inter) {
@@ -246,7 +341,10 @@ void launch_split(const Args& a, const AlignedLayout& l, cudaStream_t s) {
   const int64_t ctas = int64_t{blocks_for(a.n, kGateUp ? kBN / 2 : kBN)} * l.max_tiles;
   KILN_REQUIRE(ctas < (int64_t{1} << 31), "moe wgmma: " + std::to_string(ctas) + " tiles exceed the grid");
   const dim3 grid(static_cast<unsigned>(ctas));
-  expert_gemm_kernel<kGateUp, kSplit><<<grid, kThreads, smem, s>>>(a);
+  if constexpr (kGateUp)
+    expert_gemm_kernel<kGateUp, kSplit><<<grid, kThreads, smem, s>>>(a);
+  else  // may start in the gate/up kernel's tail (it waits before reading act)
+    launch_pdl(expert_gemm_kernel<kGateUp, kSplit>, grid, dim3(kThreads), smem, s, a);
 }
 
 template <bool kGateUp>
@@ -291,7 +389,7 @@ void moe_down_wgmma(const DownArgs& d, const AlignedLayout& l, cudaStream_t s) {
   const Args a{.a = d.act_split,
                .a_lo = l.max_tiles * l.bm * d.inter_pad,
                .lda = d.inter_pad,
-               .sorted_slot = nullptr,
+               .sorted_slot = l.sorted_slot,
                .top_k = 1,
                .tile_expert = l.tile_expert,
                .w = d.w_down,
