@@ -109,10 +109,10 @@ struct Staging {
 // bf16 outputs go through shared memory, then out as whole rows, 16 bytes a thread, a warp's
 // stores contiguous. Stored straight from the fragments, a warp's store covered 8 rows x 16 bytes,
 // and at a 1k-token prefill the down kernel's epilogue held 21% of its warps' stall samples (the
-// gate/up kernel's 8%) while nothing else ran on its SM (Nsight Compute, H200, session 21).
+// gate/up kernel's 8%; Nsight Compute, H200, session 21); with one CTA per SM, no loads overlap it.
 // f32 y (down, split activations) is stored straight: a warp's float2 stores cover 8 rows x 32
 // bytes, whole sectors, and staged it was slower at 8k than the old direct stores in the same run
-// (852-860 vs 841-844 us; H200, session 21).
+// (853-860 vs 841-844 us; H200, session 21).
 template <bool kGateUp, bool kSplit>
 __device__ __forceinline__ void store_tile(const Args& p, const float (&acc)[128], int64_t tile, int64_t n0, int wg,
                                            int wq, int lane, unsigned char* smem) {
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   const int64_t col_tiles = (p.n + (kGateUp ? kBN / 2 : kBN) - 1) / (kGateUp ? kBN / 2 : kBN);
   const int64_t tile = blockIdx.x / col_tiles, col_tile = blockIdx.x % col_tiles;
   // The gate/up kernel is launched plainly (everything before it is done), so it may let the down
-  // kernel launch at once: the down CTAs then take SMs as this grid's last wave leaves them.
+  // kernel launch at once: the down CTAs can then take SMs as this grid's last wave leaves them.
   if constexpr (kGateUp) pdl_trigger();
   const int e = p.tile_expert[tile];
   if (e < 0) return;  // past the real tiles of the upper-bound grid
