@@ -67,6 +67,15 @@ for paths in "wgmma 256 1024" "cublas 1000000000 0" "mma.sync 1000000000 1000000
     done
   done
 done
+echo "== A/B: shared experts on a side stream beside the routed ones (default) or after them (KILN_MOE_SHARED_BESIDE=0)"
+for v in 1 0; do
+  for len in 1000 8000; do
+    KILN_MOE_SHARED_BESIDE=$v "${BENCH[@]}" --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
+      grep -E "^ +[0-9]" | sed "s/^/shared_beside=$v prompt=$len: /"
+  done
+  KILN_MOE_SHARED_BESIDE=$v "${BENCH[@]}" --batch-sizes 32,128,256 --prompt-len 128 --decode-steps 32 2>&1 |
+    grep -E "^ +[0-9]" | sed "s/^/shared_beside=$v decode: /"
+done
 echo "== A/B: GEMM activations f32 (hi/lo split, default), bf16 experts only, or bf16 everywhere"
 for act in f32 experts-bf16 bf16; do
   flags=(--activation-dtype "${act#experts-}")

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "moe_parity_util.h"
 #include "parity_util.h"
 
 namespace kiln::test {
@@ -187,87 +188,6 @@ TEST(Parity, RouterWithFusedNorm) {
     EXPECT_EQ(want.ids, got.ids) << r.str();
     EXPECT_LE(norm_err(want.weights, got.weights), 1e-5) << r.str();
   }
-}
-
-enum class MoeRouting { Random, FewExperts, OneHot };
-
-struct MoeShape {
-  int64_t tokens, hidden, inter, experts, top_k;
-  MoeRouting routing = MoeRouting::Random;
-  int64_t shared_inter = 0;  // shared experts' width (0: none)
-};
-
-// top_k distinct experts per token: Random draws from all experts; FewExperts only from the first
-// top_k + 2 (most experts get no token); OneHot puts expert 0 in every token's slot 0.
-std::vector<int32_t> moe_routing(const MoeShape& s, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  const int64_t pool = s.routing == MoeRouting::FewExperts ? std::min(s.experts, s.top_k + 2) : s.experts;
-  std::vector<int32_t> all(static_cast<size_t>(pool)), ids;
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    std::iota(all.begin(), all.end(), 0);
-    int64_t first = 0;
-    if (s.routing == MoeRouting::OneHot) {
-      ids.push_back(0);
-      first = 1;
-    }
-    for (int64_t j = first; j < s.top_k; ++j) {  // partial Fisher-Yates over experts [first, pool)
-      const auto pick = static_cast<size_t>(j + static_cast<int64_t>(g() % static_cast<uint64_t>(pool - j)));
-      std::swap(all[static_cast<size_t>(j)], all[pick]);
-      ids.push_back(all[static_cast<size_t>(j)]);
-    }
-  }
-  return ids;
-}
-
-// Uniform(-scale, scale) from a counter hash: the 7168 x 2048 x 8-expert weights would take
-// seconds through std::normal_distribution.
-std::vector<float> uniform(size_t n, uint64_t seed, float scale) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
-    v[i] = scale * (static_cast<float>((z >> 40) & 0xffffff) / 8388608.0f - 1.0f);
-  }
-  return v;
-}
-
-// The experts of shape s on `be`: weights, routing and shared experts from `seed`, input x, `add`
-// fused into the op when given, and a NaN-poisoned output; the tensors live as long as this does.
-struct MoeOnBackend {
-  ops::OwnedTensor x, gate_up, down, ids, weights, out, shared_gate_up, shared_down, add;
-  ops::MoeParams p{};
-  MoeOnBackend(ops::Backend& be, const MoeShape& s, uint64_t seed, const std::vector<float>& xv,
-               const std::vector<float>* addv = nullptr) {
-    const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
-    const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
-    const auto idv = moe_routing(s, seed);
-    std::vector<float> tw(idv.size());
-    for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
-    x = put(be, xv), gate_up = put(be, wgu, DType::BF16), down = put(be, wd, DType::BF16);
-    ids = put_raw(be, idv, DType::I32), weights = put(be, tw);
-    out = poisoned(be, xv.size());
-    p = ops::MoeParams{x.f32(),       ids.t.as<int32_t>(),
-                       weights.f32(), gate_up.t.data,
-                       down.t.data,   DType::BF16,
-                       out.f32(),     s.tokens,
-                       s.hidden,      s.inter,
-                       s.experts,     s.top_k};
-    if (s.shared_inter > 0) {
-      const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
-      const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
-      shared_gate_up = put(be, sgu, DType::BF16), shared_down = put(be, sd, DType::BF16);
-      p.w_shared_gate_up = shared_gate_up.t.data, p.w_shared_down = shared_down.t.data;
-      p.shared_inter = s.shared_inter;
-    }
-    if (addv) add = put(be, *addv), p.add = add.f32();
-  }
-};
-
-std::vector<float> run_moe_experts(ops::Backend& be, const MoeShape& s, uint64_t seed, const std::vector<float>& x,
-                                   const std::vector<float>* add = nullptr) {
-  MoeOnBackend m(be, s, seed, x, add);
-  be.moe(m.p);
-  return get(be, m.out);
 }
 
 TEST(Parity, MoeExperts) {
@@ -531,60 +451,6 @@ TEST(Parity, MoePrefillPathsAgree) {
         EXPECT_LE(norm_err(want, got), bf16 ? path.bf16_bound : 1e-4f) << what;
         EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float))) << what;
       }
-    }
-  }
-}
-
-// The wgmma expert path recorded in a CUDA graph (decode steps of 256 or more sequences take it,
-// its down GEMM launched with programmatic dependent launch): a replay gives the eager op's bits,
-// and a replay after new routing ids is the eager op on those ids. Shapes with padding-only
-// warpgroups, partly filled column tiles and a 65-row last tile; both activation modes.
-TEST(Parity, MoeWgmmaGraphReplayMatchesEager) {
-  KILN_NEED_GPU();
-  auto& gpu = backends().gpu;
-  if (!gpu->supports_graphs()) GTEST_SKIP() << "CUDA graphs are off (KILN_OP_PROFILE)";
-  const ScopedEnv wgmma("KILN_MOE_WGMMA_MIN_TOKENS", "0");
-  const ScopedEnv cublas("KILN_MOE_CUBLAS_MIN_TOKENS", "1000000000");
-  const MoeShape shapes[] = {{600, 320, 192, 16, 4, MoeRouting::Random, 128},
-                             {321, 320, 192, 16, 4, MoeRouting::OneHot}};
-  uint64_t seed = 1400;
-  for (const MoeShape& s : shapes) {
-    ++seed;
-    const auto x = randn(static_cast<size_t>(s.tokens * s.hidden), seed);
-    const std::vector<float> nan(x.size(), std::numeric_limits<float>::quiet_NaN());
-    MoeShape other = s;
-    other.routing = MoeRouting::Random;
-    const auto new_ids = moe_routing(other, seed + 50);
-    for (const DType act : {DType::F32, DType::BF16}) {
-      const GpuActivations dtype(act);
-      const std::string what = std::to_string(s.tokens) + " tokens, " + (act == DType::BF16 ? "bf16" : "f32");
-      MoeOnBackend m(*gpu, s, seed, x);
-      gpu->moe(m.p);  // eager first: the op's scratch is sized before the capture
-      const auto want = get(*gpu, m.out);
-      gpu->upload(m.out.t, nan.data());
-      gpu->begin_capture();
-      std::shared_ptr<void> graph;
-      try {
-        gpu->moe(m.p);
-        graph = gpu->end_capture();
-      } catch (...) {
-        gpu->abort_capture();  // or the backend stays capturing for the tests after this one
-        throw;
-      }
-      ASSERT_TRUE(graph) << what;
-      gpu->replay(graph);
-      const auto got = get(*gpu, m.out);
-      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
-      // New routing through the same graph, against the eager op on it.
-      gpu->upload(m.ids.t, new_ids.data());
-      gpu->upload(m.out.t, nan.data());
-      gpu->replay(graph);
-      const auto got_new = get(*gpu, m.out);
-      gpu->upload(m.out.t, nan.data());
-      gpu->moe(m.p);
-      const auto want_new = get(*gpu, m.out);
-      EXPECT_EQ(0, std::memcmp(want_new.data(), got_new.data(), want_new.size() * sizeof(float))) << what;
-      EXPECT_NE(0, std::memcmp(want.data(), want_new.data(), want.size() * sizeof(float))) << what;
     }
   }
 }

@@ -198,8 +198,9 @@ class CudaBackend final : public Backend {
                     "mma.sync GEMMs (gate/up + SwiGLU, down; " +
                     (gemm_.split_expert_activations() ? "hi/lo f32 activations" : "bf16-rounded activations") +
                     "; 16-row tiles on the skinny kernel: 512-byte weight rows per stage, k split over warps), shared "
-                    "experts via cuBLASLt; >=" +
-                    std::to_string(cuda::moe_wgmma_min_tokens()) +
+                    "experts via cuBLASLt" +
+                    (cuda::moe_shared_beside() ? " on a side stream beside the routed ones" : "") +
+                    "; >=" + std::to_string(cuda::moe_wgmma_min_tokens()) +
                     " tokens (widths multiples of 64): the same layout on wgmma kernels (128x256 tiles, 3-4 "
                     "cp.async stages, SwiGLU in the gate/up epilogue; one cuBLASLt GEMM per expert from >=" +
                     std::to_string(cuda::moe_cublas_min_tokens()) +

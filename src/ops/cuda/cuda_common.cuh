@@ -245,6 +245,12 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Whole-CTA barrier without .aligned (barrier.sync 0): threads may reach it through different
+// barrier instructions, as two copies of a loop taken by different warps do; __syncthreads (the
+// aligned bar.sync) requires every thread to execute the same one.
+__device__ __forceinline__ void cta_barrier_unaligned() {
+  asm volatile("barrier.sync 0;\n" ::: "memory");
+}
 // silu(g) · u, SwiGLU's two forms. silu_mul, fast exp and division: the grouped expert GEMMs'
 // epilogues (and the cuBLASLt MoE path's pass). In one session-18 run's A/B binary (H200, bf16
 // activations, a runtime switch between the two) the wgmma gate/up kernel at 1k tokens took 297-301

@@ -74,6 +74,16 @@ class Gemm {
   };
   void grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int64_t ldx, int64_t ldy, cudaStream_t s,
                DType y_dtype = DType::F32);
+  // Work that may run beside what `s` runs next: fork(s) returns a side stream ordered after
+  // everything already on `s`, join(s) orders what is queued on `s` from then on after everything
+  // queued on the side stream so far (both capturable: a fork and a join in a graph). GEMMs of this
+  // object on the side stream take its own cuBLASLt workspace; they share the scratch of the
+  // activation splits and halves, so between the two calls `s` must run none of this object's
+  // GEMMs, nor `grouped` (which uses the same side stream); forks do not nest. join_quietly is join
+  // for a path that is already failing (a destructor): it throws nothing and ignores CUDA errors.
+  cudaStream_t fork(cudaStream_t s);
+  void join(cudaStream_t s);
+  void join_quietly(cudaStream_t s) noexcept;
   // true (the default): f32 activations enter every tensor-core GEMM as bf16 hi + lo rows; false:
   // rounded to bf16 once (Backend::set_activation_dtype). Sets the experts' choice too, which
   // set_split_expert_activations may then override.
@@ -112,6 +122,9 @@ void router_stand_in(const RouterParams& p, cudaStream_t s);
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 // Largest token count the MoE runs as decode GEMVs (KILN_MOE_GEMV_MAX_TOKENS, default 8).
 int64_t moe_gemv_max_tokens();
+// Whether the grouped paths run the shared experts on a side stream beside the routed ones
+// (KILN_MOE_SHARED_BESIDE, read per call: default 1; 0 runs them after, on the op's stream).
+bool moe_shared_beside();
 // Smallest step (tokens) whose experts run on the wgmma kernels (KILN_MOE_WGMMA_MIN_TOKENS, 256).
 int64_t moe_wgmma_min_tokens();
 // Smallest uncaptured step (tokens) whose experts run as cuBLASLt GEMMs when the wgmma kernels do

@@ -131,13 +131,32 @@ struct Gemm::Impl {
               void* ws = nullptr, int64_t algo_rows = 0, cudaDataType_t c_type = CUDA_R_32F,
               const void* addend = nullptr);
 
-  // Side streams for Gemm::grouped, each with its own workspace (cuBLASLt workspaces must not be
-  // shared by GEMMs that may run at once); made on first use, on the device current then.
+  // Side streams for Gemm::grouped and Gemm::fork, each with its own workspace (cuBLASLt
+  // workspaces must not be shared by GEMMs that may run at once); made on first use, on the device
+  // current then.
   static constexpr int kSideStreams = 4;
   cudaStream_t side[kSideStreams] = {};
   void* side_ws[kSideStreams] = {};
   cudaEvent_t fork = nullptr, join[kSideStreams] = {};
+  // Makes side streams 0..n-1 (and the fork event) where missing.
+  void make_side_streams(int n);
+  // The workspace of GEMMs on stream s: a side stream's own, else the main one.
+  void* workspace_for(cudaStream_t s) const {
+    for (int i = 0; i < kSideStreams; ++i)
+      if (side[i] && s == side[i]) return side_ws[i];
+    return workspace;
+  }
 };
+
+void Gemm::Impl::make_side_streams(int n) {
+  // Each handle is set only once made: a failure part-way leaves the rest to the next call.
+  if (!fork) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  for (int i = 0; i < n; ++i) {
+    if (!side[i]) KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&side[i], cudaStreamNonBlocking));
+    if (!join[i]) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
+    if (!side_ws[i]) KILN_CUDA_CHECK(cudaMalloc(&side_ws[i], workspace_size));
+  }
+}
 
 void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, const void* b, int64_t ldb,
                         int64_t b_stride, void* c, int64_t ldc, int64_t c_stride, int64_t rows, int64_t n, int64_t k,
@@ -200,7 +219,7 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
   // C and D share a layout, so an algorithm chosen for beta 0 serves beta 1 too (one cache entry).
   const float alpha = 1.0f, beta = addend ? 1.0f : 0.0f;
   const void* c_in = addend ? addend : c;
-  void* w = ws ? ws : workspace;
+  void* w = ws ? ws : workspace_for(s);
   const cublasLtMatmulAlgo_t* algo = algo_for(algo_rows);
   cublasStatus_t st =
       algo ? cublasLtMatmul(handle, op, &alpha, a, la, b, lb, &beta, c_in, lc, c, lc, algo, w, workspace_size, s)
@@ -217,13 +236,15 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
 Gemm::Gemm() : impl_(new Impl) {
   KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, impl_->workspace_size));
+  // fork's side stream and workspace now, while the memory planner still sees what is taken (the
+  // MoE forks on its first grouped call, which may be inside a decode graph's capture).
+  impl_->make_side_streams(1);
 }
 
 Gemm::~Gemm() {
-  for (int i = 0; i < Impl::kSideStreams; ++i) {
-    if (!impl_->side[i]) continue;
-    cudaStreamDestroy(impl_->side[i]);
-    cudaEventDestroy(impl_->join[i]);
+  for (int i = 0; i < Impl::kSideStreams; ++i) {  // each made on its own (make_side_streams)
+    if (impl_->side[i]) cudaStreamDestroy(impl_->side[i]);
+    if (impl_->join[i]) cudaEventDestroy(impl_->join[i]);
     cudaFree(impl_->side_ws[i]);
   }
   if (impl_->fork) cudaEventDestroy(impl_->fork);
@@ -341,21 +362,12 @@ void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int
   // on the store, and the pass after reads half the bytes (the MoE's bf16-activation mode).
   const cudaDataType_t c_type = y_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   Impl& m = *impl_;
-  if (!m.fork) {  // `fork` is set last: a failure part-way leaves the set-up to be retried
-    for (int i = 0; i < Impl::kSideStreams; ++i) {
-      if (!m.side[i]) KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&m.side[i], cudaStreamNonBlocking));
-      if (!m.join[i]) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&m.join[i], cudaEventDisableTiming));
-      if (!m.side_ws[i]) KILN_CUDA_CHECK(cudaMalloc(&m.side_ws[i], m.workspace_size));
-    }
-    cudaEvent_t fork = nullptr;
-    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    m.fork = fork;
-  }
+  const int used = static_cast<int>(std::min<int64_t>(count, Impl::kSideStreams));
+  m.make_side_streams(used);
   // One expert's GEMM fills only part of the GPU (1,536 doubled rows x 2816 at an 8k prefill are
   // ~130 tiles, some experts far fewer), so
   // consecutive groups go round-robin to side streams that run side by side, forked from and
   // joined back into `s` (the caller sees one ordered op).
-  const int used = static_cast<int>(std::min<int64_t>(count, Impl::kSideStreams));
   KILN_CUDA_CHECK(cudaEventRecord(m.fork, s));
   for (int i = 0; i < used; ++i) KILN_CUDA_CHECK(cudaStreamWaitEvent(m.side[i], m.fork, 0));
   for (int64_t g = 0; g < count; ++g) {
@@ -370,6 +382,27 @@ void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int
     KILN_CUDA_CHECK(cudaEventRecord(m.join[i], m.side[i]));
     KILN_CUDA_CHECK(cudaStreamWaitEvent(s, m.join[i], 0));
   }
+}
+
+cudaStream_t Gemm::fork(cudaStream_t s) {
+  Impl& m = *impl_;
+  m.make_side_streams(1);
+  KILN_CUDA_CHECK(cudaEventRecord(m.fork, s));
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(m.side[0], m.fork, 0));
+  return m.side[0];
+}
+
+void Gemm::join(cudaStream_t s) {
+  Impl& m = *impl_;
+  KILN_REQUIRE(m.side[0], "Gemm::join without a fork");
+  KILN_CUDA_CHECK(cudaEventRecord(m.join[0], m.side[0]));
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(s, m.join[0], 0));
+}
+
+void Gemm::join_quietly(cudaStream_t s) noexcept {
+  Impl& m = *impl_;
+  if (!m.side[0] || cudaEventRecord(m.join[0], m.side[0]) != cudaSuccess) return;
+  cudaStreamWaitEvent(s, m.join[0], 0);
 }
 
 }  // namespace kiln::ops::cuda

@@ -12,9 +12,10 @@
 //    baseline for A/Bs (docs/results.md), not on a default path.
 // Both expert kinds multiply activations as Gemm::split_expert_activations says (hi/lo split or
 // rounded to bf16: --expert-activation-dtype, by default --activation-dtype's choice).
-// The shared experts run as one dense MLP (or inside the decode GEMVs) and join in the
-// deterministic combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order; with
-// shared experts the add is already in shared[t] (their down GEMM's addend).
+// The shared experts run as one dense MLP (or inside the decode GEMVs; on the grouped paths on a
+// side stream, beside the expert sort and the routed GEMMs) and join in the deterministic
+// combine: out[t] = Σ_j w[t,j] · y[row(t,j)] + shared[t] (+ add[t]), j in order; with shared
+// experts the add is already in shared[t] (their down GEMM's addend).
 // Weights must be bf16 (the CUDA backend's weight dtype).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -105,10 +106,29 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
   const auto* wgu = static_cast<const __nv_bfloat16*>(p.w_gate_up);
   const auto* wd = static_cast<const __nv_bfloat16*>(p.w_down);
 
-  moe_align(p.topk_ids, slots, E, layout, s);
   // x split once per layer (pad columns 0), so the gate/up GEMM gathers rows of both parts with
   // plain 16-byte copies: each token is read by k experts and by every column block.
   split_bf16(p.x, H, 0, xs, T, H, H_pad, 1, split, s);
+  // The shared experts need nothing of the routing: they run on a side stream beside the expert
+  // sort and the routed GEMMs, whose small kernels and last waves leave SMs idle. A throw on the
+  // way (a launcher's shape check) joins the side stream too, so that a capture under way ends
+  // with every stream joined.
+  struct JoinOnThrow {
+    Gemm& gemm;
+    cudaStream_t s;
+    bool armed = false;
+    ~JoinOnThrow() {
+      if (armed) gemm.join_quietly(s);
+    }
+  } join_on_throw{gemm, s};
+  const bool beside = p.shared_inter > 0 && moe_shared_beside();
+  const float* shared = nullptr;  // [T, H], p.add included
+  if (beside) {
+    const cudaStream_t side = gemm.fork(s);
+    join_on_throw.armed = true;
+    shared = shared_mlp(p, xs, H_pad, gemm, side);
+  }
+  moe_align(p.topk_ids, slots, E, layout, s);
   const GateUpArgs gate_up{xs, T, H, H_pad, k, wgu, I, I_pad, act, split};
   const DownArgs down{act, I, I_pad, wd, H, y, split};
   if (wgmma) {
@@ -118,7 +138,12 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
     moe_gate_up_swiglu(gate_up, layout, s);
     moe_down(down, layout, s);
   }
-  const float* shared = shared_mlp(p, xs, H_pad, gemm, s);  // p.add included
+  if (beside) {
+    join_on_throw.armed = false;
+    gemm.join(s);
+  } else {
+    shared = shared_mlp(p, xs, H_pad, gemm, s);
+  }
   const float* add = shared ? nullptr : p.add;
   if (y_bf16)
     combine(reinterpret_cast<const __nv_bfloat16*>(y), layout.row_of, nullptr, p.topk_weights, T, k, H, shared, add,
@@ -178,6 +203,11 @@ void moe_detail::combine(const __nv_bfloat16* y, const int32_t* row_of, const in
                          int64_t T, int64_t top_k, int64_t hidden, const float* extra, const float* add, float* out,
                          cudaStream_t s) {
   launch_combine(y, row_of, row_lo, w, T, top_k, hidden, extra, add, out, s);
+}
+
+bool moe_shared_beside() {
+  // Read per call, so a test can compare both orders in one process.
+  return env_int("KILN_MOE_SHARED_BESIDE", 1, 0, 1) != 0;
 }
 
 int64_t moe_wgmma_min_tokens() {

@@ -296,14 +296,13 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   // The K loop, with or without this warpgroup's wgmmas. Two copies rather than a branch around
   // the wgmmas: with the branch, ptxas fenced the accumulators at every step (C7519), and the
   // tensor pipe went from 69% to 52% active in the gate/up kernel at 8k tokens (H200). The copies
-  // meet at barrier 0 the same number of times a step, each warp converged; strictly, PTX asks
-  // all threads of a CTA to execute the same aligned barrier instruction, which these are not
-  // (they ran correctly on the H200; a non-aligned barrier.sync would be the conformant form).
+  // meet at barrier 0 the same number of times a step through different instructions, hence the
+  // non-aligned barrier (PTX requires every thread of a CTA to execute the same aligned one).
   auto k_loop = [&](auto with_mma) {
     for (int step = 0; step < steps; ++step) {
       cp_async_wait<P::kStages - 2>();  // this thread's copies of `step` have landed
       fence_proxy_async_smem();         // ... and are visible to wgmma
-      __syncthreads();                  // everyone's are
+      cta_barrier_unaligned();          // everyone's are
       if constexpr (decltype(with_mma)::value) {
         const uint64_t stage = static_cast<uint64_t>((step % P::kStages) * P::kStageBytes) >> 4;
         wgmma_fence();
@@ -315,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
         wgmma_commit();
         wgmma_wait<1>();  // step - 1's wgmmas are done in this warpgroup
       }
-      __syncthreads();               // ... and in the other: its stage is free
+      cta_barrier_unaligned();       // ... and in the other: its stage is free
       issue(step + P::kStages - 1);  // into step - 1's stage
     }
   };
