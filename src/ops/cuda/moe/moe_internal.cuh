@@ -124,8 +124,9 @@ bool moe_cublas_eligible(const MoeParams& p, cudaStream_t s);
 void moe_cublas(const MoeParams& p, Gemm& gemm, cudaStream_t s);
 
 // The shared experts of a prefill-sized batch as one dense SwiGLU MLP (moe.cu), plus p.add when
-// set (the down GEMM's C operand): [T, H] in scratch owned here, valid until the next call; null
-// without shared experts (p.add then left to the caller). x_parts (may be null): p.x already split
+// set (the down GEMM's C operand): [T, H] in scratch owned here, written on `s` (which may be a
+// side stream: read it only after joining) and valid until the next call; null without shared
+// experts (p.add then left to the caller). x_parts (may be null): p.x already split
 // for the GEMMs as the experts' choice says (Gemm::linear_parts, rows ldx apart), so it is not
 // split again. Always on cuBLASLt (no GEMV path): batches of <= 8 tokens come here only when
 // KILN_MOE_GEMV_MAX_TOKENS is lowered.
