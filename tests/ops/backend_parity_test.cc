@@ -1,5 +1,5 @@
 // The dense ops and mla_prepare: CUDA against the CPU reference on fresh random inputs (the MoE
-// ops: moe_parity_test.cc). The OpsCpu tests need no GPU (they run in CI).
+// ops: moe_parity_test.cc, moe_stream_parity_test.cc). The OpsCpu tests need no GPU (they run in CI).
 #include <algorithm>
 #include <cstring>
 #include <numeric>

@@ -2,8 +2,6 @@
 // projection) and the routed + shared experts across token counts, expert counts and widths.
 #include <algorithm>
 #include <cstring>
-#include <numeric>
-#include <random>
 #include <string>
 
 #include "moe_parity_util.h"
@@ -11,8 +9,6 @@
 
 namespace kiln::test {
 namespace {
-
-using ops::OwnedTensor;
 
 struct RouterShape {
   int64_t tokens, experts, top_k, groups, topk_groups;

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "parity_util.h"
@@ -43,7 +46,7 @@ inline std::vector<int32_t> moe_routing(const MoeShape& s, uint64_t seed) {
 
 // Uniform(-scale, scale) from a counter hash: the 7168 x 2048 x 8-expert weights would take
 // seconds through std::normal_distribution.
-inline std::vector<float> uniform(size_t n, uint64_t seed, float scale) {
+inline std::vector<float> moe_uniform(size_t n, uint64_t seed, float scale) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
     uint64_t z = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed * 0xbf58476d1ce4e5b9ull;
@@ -60,8 +63,8 @@ struct MoeOnBackend {
   ops::MoeParams p{};
   MoeOnBackend(ops::Backend& be, const MoeShape& s, uint64_t seed, const std::vector<float>& xv,
                const std::vector<float>* addv = nullptr) {
-    const auto wgu = bf16_round(uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
-    const auto wd = bf16_round(uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
+    const auto wgu = bf16_round(moe_uniform(static_cast<size_t>(s.experts * 2 * s.inter * s.hidden), seed, 0.08f));
+    const auto wd = bf16_round(moe_uniform(static_cast<size_t>(s.experts * s.hidden * s.inter), seed + 7, 0.08f));
     const auto idv = moe_routing(s, seed);
     std::vector<float> tw(idv.size());
     for (size_t i = 0; i < tw.size(); ++i) tw[i] = 0.05f + 0.9f * static_cast<float>((i * 37) % 101) / 101.0f;
@@ -75,8 +78,8 @@ struct MoeOnBackend {
                        s.hidden,      s.inter,
                        s.experts,     s.top_k};
     if (s.shared_inter > 0) {
-      const auto sgu = bf16_round(uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
-      const auto sd = bf16_round(uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
+      const auto sgu = bf16_round(moe_uniform(static_cast<size_t>(2 * s.shared_inter * s.hidden), seed + 11, 0.08f));
+      const auto sd = bf16_round(moe_uniform(static_cast<size_t>(s.hidden * s.shared_inter), seed + 13, 0.08f));
       shared_gate_up = put(be, sgu, DType::BF16), shared_down = put(be, sd, DType::BF16);
       p.w_shared_gate_up = shared_gate_up.t.data, p.w_shared_down = shared_down.t.data;
       p.shared_inter = s.shared_inter;

@@ -132,8 +132,8 @@ struct Gemm::Impl {
               const void* addend = nullptr);
 
   // Side streams for Gemm::grouped and Gemm::fork, each with its own workspace (cuBLASLt
-  // workspaces must not be shared by GEMMs that may run at once); made on first use, on the device
-  // current then.
+  // workspaces must not be shared by GEMMs that may run at once): the first (fork's) and the fork
+  // event made with this object, the others on grouped's first use, on the device current then.
   static constexpr int kSideStreams = 4;
   cudaStream_t side[kSideStreams] = {};
   void* side_ws[kSideStreams] = {};
@@ -236,8 +236,8 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
 Gemm::Gemm() : impl_(new Impl) {
   KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, impl_->workspace_size));
-  // fork's side stream and workspace now, while the memory planner still sees what is taken (the
-  // MoE forks on its first grouped call, which may be inside a decode graph's capture).
+  // fork's side stream and workspace now, before the KV cache is sized from the free memory (the
+  // MoE forks on its first grouped call, which may come after that, inside a decode graph's capture).
   impl_->make_side_streams(1);
 }
 
@@ -394,7 +394,6 @@ cudaStream_t Gemm::fork(cudaStream_t s) {
 
 void Gemm::join(cudaStream_t s) {
   Impl& m = *impl_;
-  KILN_REQUIRE(m.side[0], "Gemm::join without a fork");
   KILN_CUDA_CHECK(cudaEventRecord(m.join[0], m.side[0]));
   KILN_CUDA_CHECK(cudaStreamWaitEvent(s, m.join[0], 0));
 }

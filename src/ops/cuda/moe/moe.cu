@@ -139,8 +139,8 @@ void moe_grouped(const MoeParams& p, Gemm& gemm, bool wgmma, cudaStream_t s) {
     moe_down(down, layout, s);
   }
   if (beside) {
-    join_on_throw.armed = false;
     gemm.join(s);
+    join_on_throw.armed = false;  // after the join: a throw inside it still joins quietly
   } else {
     shared = shared_mlp(p, xs, H_pad, gemm, s);
   }
