@@ -140,6 +140,8 @@ struct Gemm::Impl {
   cudaEvent_t fork = nullptr, join[kSideStreams] = {};
   // Makes side streams 0..n-1 (and the fork event) where missing.
   void make_side_streams(int n);
+  // Gemm::join's two calls (s waits for side stream 0's work so far), the first error returned.
+  cudaError_t join_side(cudaStream_t s) noexcept;
   // The workspace of GEMMs on stream s: a side stream's own, else the main one.
   void* workspace_for(cudaStream_t s) const {
     for (int i = 0; i < kSideStreams; ++i)
@@ -392,16 +394,17 @@ cudaStream_t Gemm::fork(cudaStream_t s) {
   return m.side[0];
 }
 
+cudaError_t Gemm::Impl::join_side(cudaStream_t s) noexcept {
+  const cudaError_t e = cudaEventRecord(join[0], side[0]);
+  return e != cudaSuccess ? e : cudaStreamWaitEvent(s, join[0], 0);
+}
+
 void Gemm::join(cudaStream_t s) {
-  Impl& m = *impl_;
-  KILN_CUDA_CHECK(cudaEventRecord(m.join[0], m.side[0]));
-  KILN_CUDA_CHECK(cudaStreamWaitEvent(s, m.join[0], 0));
+  KILN_CUDA_CHECK(impl_->join_side(s));
 }
 
 void Gemm::join_quietly(cudaStream_t s) noexcept {
-  Impl& m = *impl_;
-  if (!m.side[0] || cudaEventRecord(m.join[0], m.side[0]) != cudaSuccess) return;
-  cudaStreamWaitEvent(s, m.join[0], 0);
+  (void)impl_->join_side(s);
 }
 
 }  // namespace kiln::ops::cuda
