@@ -76,6 +76,13 @@ for v in 1 0; do
   KILN_MOE_SHARED_BESIDE=$v "${BENCH[@]}" --batch-sizes 32,128,256 --prompt-len 128 --decode-steps 32 2>&1 |
     grep -E "^ +[0-9]" | sed "s/^/shared_beside=$v decode: /"
 done
+echo "== A/B: wgmma expert tiles weight-major up to 96 real rows (default), never (0) or always (128)"
+for v in 96 0 128; do
+  for len in 1000 8000; do
+    KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX=$v "${BENCH[@]}" --batch-sizes 1 --prompt-len $len --decode-steps 2 2>&1 |
+      grep -E "^ +[0-9]" | sed "s/^/weight_major_max=$v prompt=$len: /"
+  done
+done
 echo "== A/B: GEMM activations f32 (hi/lo split, default), bf16 experts only, or bf16 everywhere"
 for act in f32 experts-bf16 bf16; do
   flags=(--activation-dtype "${act#experts-}")

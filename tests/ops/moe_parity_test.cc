@@ -394,12 +394,14 @@ TEST(Parity, MoeExpertActivationDtype) {
 // by moving the thresholds, read per call). Shapes: inter 192 and hidden 320 leave a partly filled
 // last column tile in both wgmma GEMMs; 17 tokens leave most of every 128-row tile as padding;
 // expert 0 in every slot 0 of 320 and 321 tokens fills its last tile with exactly 64 and 65 rows
-// in one pass (the wgmma kernels' second warpgroup then skips its MMAs, and then must not; in
-// several passes 32 and 33);
+// in one pass (in the wgmma kernels' token-major form the second warpgroup then skips its MMAs,
+// and then must not; the weight-major form's N is 64, then 80; in several passes 32 and 33);
 // few experts (most get none) and one expert in every token's slot 0 (its rows span many tiles);
 // the residual add, without and with shared experts (their down GEMM adds it); Moonlight widths
 // with shared experts; 3,072 experts (the expert sort's multi-round scan). "several passes":
-// KILN_MOE_PASS_BYTES = 4 MB splits every batch but the 17-token one into token chunks. With bf16
+// KILN_MOE_PASS_BYTES = 4 MB splits every batch but the 17-token one into token chunks. "wgmma"
+// mixes the kernels' two forms (tiles of up to 96 real rows weight-major, moe_wgmma.cu); the two
+// "every tile" paths take one form each (KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX 0 and 128). With bf16
 // activations the wgmma and cuBLASLt paths also round the expert outputs y (and cuBLASLt gate/up)
 // to bf16: MoeBf16Activations' bound.
 TEST(Parity, MoePrefillPathsAgree) {
@@ -421,8 +423,11 @@ TEST(Parity, MoePrefillPathsAgree) {
     const char* cublas_min;
     float bf16_bound;
     const char* pass_bytes = "2147483648";
+    const char* weight_major_max = nullptr;  // unset: the default
   };
   const Path paths[] = {{"wgmma", "0", "1000000000", 6e-3f},
+                        {"wgmma, every tile token-major", "0", "1000000000", 6e-3f, "2147483648", "0"},
+                        {"wgmma, every tile weight-major", "0", "1000000000", 6e-3f, "2147483648", "128"},
                         {"wgmma, several passes", "0", "1000000000", 6e-3f, "4000000"},
                         {"cuBLASLt", "1000000000", "0", 6e-3f},
                         {"mma.sync", "1000000000", "1000000000", 4e-3f}};
@@ -440,6 +445,7 @@ TEST(Parity, MoePrefillPathsAgree) {
         const ScopedEnv wgmma("KILN_MOE_WGMMA_MIN_TOKENS", path.wgmma_min);
         const ScopedEnv passes("KILN_MOE_PASS_BYTES", path.pass_bytes);
         const ScopedEnv cublas("KILN_MOE_CUBLAS_MIN_TOKENS", path.cublas_min);
+        const ScopedEnv form("KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX", path.weight_major_max);
         const auto got = run_moe_experts(*gpu, s, seed, x, a), again = run_moe_experts(*gpu, s, seed, x, a);
         const std::string what = std::string(path.name) + (bf16 ? ", bf16" : ", f32") + " activations, " +
                                  std::to_string(s.tokens) + " tokens, " + std::to_string(s.hidden) + "/" +

@@ -6,8 +6,12 @@
 #include <memory>
 #include <string>
 
+#include "core/error.h"
 #include "moe_parity_util.h"
 #include "parity_util.h"
+#ifdef KILN_WITH_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
 
 namespace kiln::test {
 namespace {
@@ -111,6 +115,32 @@ TEST(Parity, MoeSharedBesideMatchesAfter) {
     }
   }
 }
+
+#ifdef KILN_WITH_CUDA
+// Gemm::fork's contract, enforced: no nested fork, no GEMM of the object on another stream and no
+// grouped GEMM until the join; after it, everything again.
+TEST(Parity, GemmForkMisuseThrows) {
+  KILN_NEED_GPU();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    ops::cuda::Gemm gemm;
+    const cudaStream_t side = gemm.fork(s);
+    EXPECT_NE(side, s);
+    EXPECT_THROW(gemm.fork(s), Error);
+    // m = 0: were the check gone, nothing would run on the null pointers.
+    EXPECT_THROW(gemm.linear_parts(nullptr, 64, nullptr, nullptr, 0, 0, 64, 64, nullptr, false, s), Error);
+    EXPECT_NO_THROW(gemm.linear_parts(nullptr, 64, nullptr, nullptr, 0, 0, 64, 64, nullptr, false, side));
+    EXPECT_THROW(gemm.grouped(nullptr, 0, 64, 64, 64, 64, s), Error);
+    gemm.join(s);
+    EXPECT_EQ(side, gemm.fork(s));  // the same side stream, forked again
+    gemm.join(s);
+    EXPECT_NO_THROW(gemm.grouped(nullptr, 0, 64, 64, 64, 64, s));  // no groups: nothing runs
+  }
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(s));
+  EXPECT_EQ(cudaSuccess, cudaStreamDestroy(s));
+}
+#endif
 
 }  // namespace
 }  // namespace kiln::test

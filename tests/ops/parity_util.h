@@ -48,13 +48,16 @@ struct GpuExpertActivations {
 };
 
 // Sets an environment variable for one scope and restores what was there (the CUDA backend's
-// A/B switches that are read per call).
+// A/B switches that are read per call); a null value unsets it.
 struct ScopedEnv {
   ScopedEnv(std::string name, const char* value) : name_(std::move(name)) {
     const char* was = std::getenv(name_.c_str());
     had_ = was != nullptr;
     if (was) saved_ = was;
-    setenv(name_.c_str(), value, 1);
+    if (value)
+      setenv(name_.c_str(), value, 1);
+    else
+      unsetenv(name_.c_str());
   }
   ~ScopedEnv() {
     if (had_)

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "ops/params.h"
@@ -55,6 +56,8 @@ class Gemm {
  public:
   Gemm();
   ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
   void linear(const LinearParams& p, cudaStream_t s);
   void linear_heads(const LinearHeadsParams& p, cudaStream_t s);
   // y = x · wᵀ (+ add, laid out as y) from x already in bf16 parts (BfParts: hi, then with `split`
@@ -79,8 +82,9 @@ class Gemm {
   // queued on the side stream so far (both capturable: a fork and a join in a graph). GEMMs of this
   // object on the side stream take its own cuBLASLt workspace; they share the scratch of the
   // activation splits and halves, so between the two calls `s` must run none of this object's
-  // GEMMs, nor `grouped` (which uses the same side stream); forks do not nest. join_quietly is join
-  // for a path that is already failing (a destructor): it throws nothing and ignores CUDA errors.
+  // GEMMs, nor `grouped` (which uses the same side stream); forks do not nest. Those calls throw.
+  // join_quietly is join for a path that is already failing (a destructor): it throws nothing and
+  // ignores CUDA errors.
   cudaStream_t fork(cudaStream_t s);
   void join(cudaStream_t s);
   void join_quietly(cudaStream_t s) noexcept;
@@ -99,7 +103,7 @@ class Gemm {
 
  private:
   struct Impl;
-  Impl* impl_;
+  std::unique_ptr<Impl> impl_;
   bool split_ = true, expert_split_ = true;
 };
 

@@ -140,6 +140,16 @@ struct Gemm::Impl {
   cudaEvent_t fork = nullptr, join[kSideStreams] = {};
   // Makes side streams 0..n-1 (and the fork event) where missing.
   void make_side_streams(int n);
+  // Frees whatever was made, so a Gemm whose constructor throws part-way leaks nothing.
+  ~Impl();
+  // Between fork and join (Gemm::fork's contract): only the side stream may run this object's
+  // GEMMs, as they share its scratch; grouped, which uses that side stream, not at all.
+  bool forked = false;
+  void require_usable_on(cudaStream_t s, const char* op) const {
+    KILN_REQUIRE(!forked || s == side[0], std::string(op) +
+                                              ": between Gemm::fork and Gemm::join only the side stream may run this "
+                                              "object's GEMMs (they share its scratch)");
+  }
   // Gemm::join's two calls (s waits for side stream 0's work so far), the first error returned.
   cudaError_t join_side(cudaStream_t s) noexcept;
   // The workspace of GEMMs on stream s: a side stream's own, else the main one.
@@ -235,7 +245,18 @@ void Gemm::Impl::matmul(cudaDataType_t type, const void* a, int64_t a_stride, co
   cublasLtMatmulDescDestroy(op);
 }
 
-Gemm::Gemm() : impl_(new Impl) {
+Gemm::Impl::~Impl() {
+  for (int i = 0; i < kSideStreams; ++i) {  // each made on its own (make_side_streams)
+    if (side[i]) cudaStreamDestroy(side[i]);
+    if (join[i]) cudaEventDestroy(join[i]);
+    cudaFree(side_ws[i]);
+  }
+  if (fork) cudaEventDestroy(fork);
+  cudaFree(workspace);
+  if (handle) cublasLtDestroy(handle);
+}
+
+Gemm::Gemm() : impl_(std::make_unique<Impl>()) {
   KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
   KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, impl_->workspace_size));
   // fork's side stream and workspace now, before the KV cache is sized from the free memory (the
@@ -243,19 +264,10 @@ Gemm::Gemm() : impl_(new Impl) {
   impl_->make_side_streams(1);
 }
 
-Gemm::~Gemm() {
-  for (int i = 0; i < Impl::kSideStreams; ++i) {  // each made on its own (make_side_streams)
-    if (impl_->side[i]) cudaStreamDestroy(impl_->side[i]);
-    if (impl_->join[i]) cudaEventDestroy(impl_->join[i]);
-    cudaFree(impl_->side_ws[i]);
-  }
-  if (impl_->fork) cudaEventDestroy(impl_->fork);
-  cudaFree(impl_->workspace);
-  cublasLtDestroy(impl_->handle);
-  delete impl_;
-}
+Gemm::~Gemm() = default;
 
 void Gemm::linear_heads(const LinearHeadsParams& p, cudaStream_t s) {
+  impl_->require_usable_on(s, "linear_heads");
   impl_->heads(p, nullptr, split_, s);
 }
 
@@ -321,6 +333,7 @@ void Gemm::Impl::from_parts(const LinearHeadsParams& p, const __nv_bfloat16* xb,
 }
 
 void Gemm::linear(const LinearParams& p, cudaStream_t s) {
+  impl_->require_usable_on(s, "linear");
   const int64_t xs = p.x_stride ? p.x_stride : p.k, ys = p.y_stride ? p.y_stride : p.n;
   LinearHeadsParams h{p.x, xs, 0, p.w, 0, p.w_dtype, p.y, ys, 0, 1, p.m, p.n, p.k};
   if (!p.norm_weight || p.m == 0 || p.n == 0 || p.k == 0) {
@@ -351,6 +364,7 @@ void Gemm::linear(const LinearParams& p, cudaStream_t s) {
 
 void Gemm::linear_parts(const __nv_bfloat16* x, int64_t ldx, const void* w, float* y, int64_t y_stride, int64_t m,
                         int64_t n, int64_t k, const float* add, bool split, cudaStream_t s) {
+  impl_->require_usable_on(s, "linear_parts");
   if (m == 0 || n == 0 || k == 0) return;
   const LinearHeadsParams h{nullptr, 0, 0, w, 0, DType::BF16, y, y_stride ? y_stride : n, 0, 1, m, n, k};
   impl_->from_parts(h, x, ldx, add, split, s);
@@ -360,6 +374,7 @@ void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int
                    DType y_dtype) {
   KILN_REQUIRE(y_dtype == DType::F32 || y_dtype == DType::BF16,
                std::string("grouped GEMM: unsupported output dtype ") + dtype_name(y_dtype));
+  KILN_REQUIRE(!impl_->forked, "grouped GEMM: not between Gemm::fork and Gemm::join (it uses the forked side stream)");
   // bf16 D (and C, unused at beta 0) with f32 compute and scale: the accumulator is rounded once
   // on the store, and the pass after reads half the bytes (the MoE's bf16-activation mode).
   const cudaDataType_t c_type = y_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -388,13 +403,16 @@ void Gemm::grouped(const Group* groups, int64_t count, int64_t n, int64_t k, int
 
 cudaStream_t Gemm::fork(cudaStream_t s) {
   Impl& m = *impl_;
+  KILN_REQUIRE(!m.forked, "Gemm::fork: forks do not nest (join the first)");
   m.make_side_streams(1);
   KILN_CUDA_CHECK(cudaEventRecord(m.fork, s));
   KILN_CUDA_CHECK(cudaStreamWaitEvent(m.side[0], m.fork, 0));
+  m.forked = true;
   return m.side[0];
 }
 
 cudaError_t Gemm::Impl::join_side(cudaStream_t s) noexcept {
+  forked = false;  // a failed join leaves nothing to join later
   const cudaError_t e = cudaEventRecord(join[0], side[0]);
   return e != cudaSuccess ? e : cudaStreamWaitEvent(s, join[0], 0);
 }

@@ -10,13 +10,17 @@
 // shared-memory reads at these sizes (every warp reads its own copy of the weight tile through
 // ldmatrix). A wgmma reads its shared-memory operands once per warpgroup of 64 rows.
 //
-// CTA: 256 threads = two warpgroups; tile 128 rows (warpgroup w: rows 64w..64w+63) x 256 weight
-// rows; K in steps of 64 (one 128-byte-swizzled panel per operand and stage, wgmma.cuh's layout)
-// through a cp.async ring: 4 stages of 48 KB, or 3 of 64 KB when split. Per step each warpgroup
-// issues 4 m64n256k16 wgmmas per activation part.
-//  - gate/up: the 256 weight rows are gate rows j0..j0+127 then up rows I+j0..I+j0+127; a thread's
-//    accumulator columns c and c + 128 are the gate and up values of the same (row, j), so SwiGLU
-//    runs in the epilogue and act is written once. A rows are gathered by token (sorted_slot).
+// CTA: 256 threads = two warpgroups; tile 128 token rows x 256 weight rows; K in steps of 64 (one
+// 128-byte-swizzled panel per operand and stage, wgmma.cuh's layout) through a cp.async ring: 4
+// stages of 48 KB, or 3 of 64 KB when split. Two forms of the MMAs (moe_wgmma_tile.cuh):
+//  - token-major (full tiles): warpgroup w multiplies tokens 64w..64w+63 (wgmma's A) by the 256
+//    weight rows (its B), 4 m64n256k16 wgmmas a step per activation part;
+//  - weight-major (tiles of at most Args::weight_major_max real rows): warpgroup w multiplies two
+//    blocks of 64 weight rows (A) by the tile's first N tokens (B; N the real rows rounded up to 16),
+//    8 m64nNk16 wgmmas a step per part, so padding rows past N cost no tensor work.
+//  - gate/up: the 256 weight rows are gate rows j0..j0+127 then up rows I+j0..I+j0+127, laid out so
+//    that a thread holds the gate and up values of the same (token, j) in either form: SwiGLU runs
+//    in the epilogue and act is written once. A rows are gathered by token (sorted_slot).
 //  - down: 256 output columns of hidden; y is f32, or bf16 with bf16 activations (the combine reads
 //    either), so the rounded expert output costs half the bytes.
 // Split activations (f32 mode): x = x_hi + x_lo. A stage holds both parts' A panels beside one
@@ -28,13 +32,19 @@
 // the warpgroups issue k's wgmmas and wait for k - 1's, and a second barrier frees k - 1's stage
 // for the loads of step k + stages - 1 while k's wgmmas run.
 //
-// Uneven experts (session 21): with random weights, the router gives a 1k-token prefill ~84 tiles
-// for its 6,000 rows (0 to 604 rows an expert): 41-48% of the tile rows are padding. Padding rows
-// cost no loads (zero-filled A), no stores, and, when a warpgroup's 64 rows are all padding, no
-// wgmmas. The down kernel launches with programmatic dependent launch: its CTAs can take the SMs
-// the gate/up kernel's last wave leaves and load their first weight stages before waiting for act
-// (not measured apart). Against session 20's kernels (H200, same runs): whole prefills 5-7% faster
-// at 1k with bf16 activations and 10-11% with f32; 1.9-3.0% at 8k (docs/results.md).
+// Uneven experts: with random weights, the router gives a 1k-token prefill ~84 tiles for its
+// 6,000 rows (0 to 604 rows an expert): 41-48% of the tile rows are padding. Padding rows cost no
+// loads (zero-filled A) and no stores. In the token-major form a warpgroup whose 64 rows are all
+// padding skips its wgmmas (session 21's changes together, against session 20's kernels: whole
+// prefills 5-7% faster at 1k with bf16 activations and 10-11% with f32, 1.9-3.0% at 8k); the
+// weight-major form stops at the real rows rounded up to 16. It is not used for full tiles: every
+// tile weight-major measured slower at 8k than every tile token-major (-4.1 to -5.5% whole
+// prefills in all three precision modes, H200, session 23 run 2). A likely cause, by the
+// count and not profiled: at N = 128 its wgmmas read 20% more shared memory per MMA (24 KB a
+// k-step of 16 and part against 20: both of a warpgroup's blocks read the tokens).
+// The down kernel launches with programmatic dependent launch: its CTAs can take the SMs the
+// gate/up kernel's last wave leaves and load their first weight stages before waiting for act (not
+// measured apart).
 //
 // Ceiling at an 8k-token Moonlight prefill (49k routed rows, bf16): gate/up 49k x 2816 x 2048 and
 // down 49k x 2048 x 1408 are 850 GFLOP, ~0.95 ms at the H200's measured 893 TFLOP/s; at 1k tokens
@@ -55,125 +65,20 @@
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
-#include "ops/cuda/mma.cuh"
+#include "ops/cuda/env.h"
 #include "ops/cuda/moe/moe_internal.cuh"
+#include "ops/cuda/moe/moe_wgmma_tile.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace kiln::ops::cuda::moe_detail {
 namespace {
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kThreads = 256;
-constexpr int kAPanel = kBM * 128, kBPanel = kBN * 128;                      // bytes: 16 KB, 32 KB
-constexpr int kAChunks = kBM * 8 / kThreads, kBChunks = kBN * 8 / kThreads;  // 16-byte copies per thread
+using namespace wgmma_tile;
 
-// Stage: the A panel of each activation part (hi, and lo when split), then the weight panel.
-template <bool kSplit>
-struct Pipe {
-  static constexpr int kParts = kSplit ? 2 : 1;
-  static constexpr int kStageBytes = kParts * kAPanel + kBPanel;  // 48 KB, 64 KB split
-  static constexpr int kStages = kSplit ? 3 : 4;
-  static constexpr size_t kSmemBytes = 1024 + size_t{kStages} * kStageBytes;  // +1024: aligning the base
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-};
-
-struct Args {
-  const __nv_bfloat16* a;      // gate/up: x parts [parts][T][lda]; down: act parts [parts][rows][lda]
-  int64_t a_lo, lda;           // element offset of the lo part; row stride
-  const int32_t* sorted_slot;  // slot of padded row r, -1 for padding; gate/up: its A row is slot / top_k
-  int64_t top_k;
-  const int32_t* tile_expert;  // [max_tiles] of 128-row tiles; -1 past the real ones
-  const __nv_bfloat16* w;      // [E, w_rows, K]
-  int64_t w_rows, K, n;        // n: output columns (inter or hidden)
-  __nv_bfloat16* act;          // gate/up out: [parts][rows][ldo] (lo at act + act_lo)
-  int64_t act_lo, ldo;
-  void* y;  // down out: [rows, n], f32 (split) or bf16
-};
-
-// The epilogue's staging for bf16 outputs (act; y with bf16 activations): the tile's outputs as
-// rows of kRowBytes (one part), kPitch apart, in the ring's shared memory (idle once the K loop is
-// done). The 16 bytes of padding put the 8 rows of one fragment store in different banks.
-template <bool kGateUp, bool kSplit>
-struct Staging {
-  static constexpr int kRowBytes = (kGateUp ? kBN / 2 : kBN) * 2;  // 256 or 512
-  static constexpr int kPitch = kRowBytes + 16;
-  static constexpr int kParts = kGateUp && kSplit ? 2 : 1;  // act hi and lo
-  static constexpr int kChunks = kRowBytes / 16;            // 16-byte copies a row
-  static_assert(size_t{kParts} * kBM * kPitch <= Pipe<kSplit>::kSmemBytes - 1024, "staging fits the ring");
-};
-
-// Writes a consumer thread's accumulators. Accumulator (column block j, element v): row
-// 16 wq + lane / 4 (+ 8 for v >= 2) of warpgroup wg's 64, column 8 j + 2 (lane % 4) + (v & 1).
-// Padding rows (no slot) and columns past n are not written: the down GEMM zero-fills its A rows
-// there and the combine reads only real rows.
-// bf16 outputs go through shared memory, then out as whole rows, 16 bytes a thread, a warp's
-// stores contiguous. Stored straight from the fragments, a warp's store covered 8 rows x 16 bytes,
-// and at a 1k-token prefill the down kernel's epilogue held 21% of its warps' stall samples (the
-// gate/up kernel's 8%; Nsight Compute, H200, session 21); with one CTA per SM, no loads overlap it.
-// f32 y (down, split activations) is stored straight: a warp's float2 stores cover 8 rows x 32
-// bytes, whole sectors, and staged it was slower at 8k than the old direct stores in the same run
-// (853-860 vs 841-844 us; H200, session 21).
-template <bool kGateUp, bool kSplit>
-__device__ __forceinline__ void store_tile(const Args& p, const float (&acc)[128], int64_t tile, int64_t n0, int wg,
-                                           int wq, int lane, unsigned char* smem) {
-  const int row_base = wg * 64 + wq * 16 + lane / 4;
-  const int col_base = 2 * (lane % 4);
-  if constexpr (!kGateUp && kSplit) {
-    const int64_t r0 = tile * kBM + row_base;
-    const bool live[2] = {p.sorted_slot[r0] >= 0, p.sorted_slot[r0 + 8] >= 0};
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int64_t col = n0 + 8 * j + col_base;
-      if (col >= p.n) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (live[h])
-          *reinterpret_cast<float2*>(static_cast<float*>(p.y) + (r0 + 8 * h) * p.n + col) =
-              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
-    return;
-  } else {
-    using St = Staging<kGateUp, kSplit>;
-    __syncthreads();  // both warpgroups' wgmmas are done reading the ring
-    if constexpr (kGateUp) {
-#pragma unroll
-      for (int j = 0; j < kBN / 16; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float v[2];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) v[i] = silu_mul(acc[4 * j + 2 * h + i], acc[4 * (j + kBN / 16) + 2 * h + i]);
-          const int at = (row_base + 8 * h) * St::kPitch + (8 * j + col_base) * 2;
-          __nv_bfloat16 hi[2], lo[2];
-          store_bf16_parts(v[0], &hi[0], &lo[0]);
-          store_bf16_parts(v[1], &hi[1], &lo[1]);
-          *reinterpret_cast<__nv_bfloat162*>(smem + at) = __halves2bfloat162(hi[0], hi[1]);
-          if constexpr (kSplit)
-            *reinterpret_cast<__nv_bfloat162*>(smem + kBM * St::kPitch + at) = __halves2bfloat162(lo[0], lo[1]);
-        }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<uint32_t*>(smem + (row_base + 8 * h) * St::kPitch + (8 * j + col_base) * 2) =
-              pack_bf16(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
-    __syncthreads();
-    // Out: chunk c of staged row r is columns n0 + 8 c.. of padded row tile * kBM + r.
-    __nv_bfloat16* const dst = kGateUp ? p.act : static_cast<__nv_bfloat16*>(p.y);
-    const int64_t ld = kGateUp ? p.ldo : p.n;
-    for (int i = threadIdx.x; i < kBM * St::kChunks; i += kThreads) {
-      const int r = i / St::kChunks, c = i % St::kChunks;
-      const int64_t row = tile * kBM + r, col = n0 + 8 * c;
-      if (p.sorted_slot[row] < 0 || col >= p.n) continue;
-#pragma unroll
-      for (int part = 0; part < St::kParts; ++part)
-        *reinterpret_cast<uint4*>(dst + (part ? p.act_lo : 0) + row * ld + col) =
-            *reinterpret_cast<const uint4*>(smem + (part * kBM + r) * St::kPitch + c * 16);
-    }
-  }
-}
+// Tiles of at most this many real rows take the weight-major form (KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX
+// overrides it: 0 none, 128 all).
+constexpr int kWeightMajorMax = 96;
 
 template <bool kGateUp, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
@@ -196,27 +101,33 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
   // gate/up: columns j0.. of act; down: columns n0.. of y.
   const int64_t n0 = col_tile * (kGateUp ? kBN / 2 : kBN);
+  // The tile's real rows come first (moe_align pads each expert's last tile at its end).
+  const int n_real = __syncthreads_count(tid < kBM && p.sorted_slot[tile * kBM + tid] >= 0);
+  const bool weight_major = n_real <= p.weight_major_max;
+  const int n_mma = weight_major ? (n_real + 15) / 16 * 16 : kBM;  // token rows the wgmmas read
 
   // This thread's 16-byte chunk (tid % 8) of A rows tid / 8 + 32 q and weight rows likewise: one
   // swizzled shared offset (rows 32 apart share their swizzle phase), one source pointer per copy
   // advanced by the step, and the A rows' source size (0 for padding rows: zeros, nothing read;
-  // gate/up gathers the others by token) fixed for the whole K loop. Weight rows past n read row
-  // n - 1 instead of zero-filling: their products land only in columns past n, which nothing
-  // reads. Computing each copy's address, predicate and size per step had cost the issuing warps
-  // ~250 instructions a step, between one step's wgmmas and the next (SASS, H200). Padding rows
-  // must not read a real row instead: at 256 tokens most of each tile is padding, and all of them
-  // reading token 0's row took the MoE layer with split activations to 709 us, against 588
-  // zero-filling (H200, session 15 runs 10 and 11, two machines; session 14's kernel measured 618
-  // on a third).
+  // gate/up gathers the others by token) fixed for the whole K loop. Rows past n_mma, which no
+  // wgmma reads, are not copied at all. Weight rows past n read row n - 1 instead of
+  // zero-filling: their products land only in columns past n, which nothing reads. Computing each
+  // copy's address, predicate and size per step had cost the issuing warps ~250 instructions a
+  // step, between one step's wgmmas and the next (SASS, H200). Padding rows must not read a real
+  // row instead: at 256 tokens most of each tile is padding, and all of them reading token 0's
+  // row took the MoE layer with split activations to 709 us, against 588 zero-filling (H200,
+  // session 15 runs 10 and 11, two machines; session 14's kernel measured 618 on a third).
   const int chunk = tid % 8, row0 = tid / 8;
   const uint32_t smem_off = sw128_offset(row0, chunk);
   const char* a_src[kAChunks];
   uint32_t a_bytes[kAChunks];
+  bool a_copy[kAChunks];
 #pragma unroll
   for (int q = 0; q < kAChunks; ++q) {
     int64_t row = tile * kBM + row0 + 32 * q;
     const int32_t slot = p.sorted_slot[row];
     a_bytes[q] = slot < 0 ? 0 : 16;
+    a_copy[q] = row0 + 32 * q < n_mma;
     if constexpr (kGateUp) row = slot < 0 ? 0 : slot / p.top_k;
     a_src[q] = reinterpret_cast<const char*>(p.a + row * p.lda + chunk * 8);
   }
@@ -244,8 +155,9 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
     for (int part = 0; part < P::kParts; ++part)
 #pragma unroll
       for (int q = 0; q < kAChunks; ++q)
-        cp_async16_bytes(stage_addr(step) + part * kAPanel + q * 32 * 128, a_src[q] + k_bytes + (part ? a_lo_bytes : 0),
-                         a_bytes[q]);
+        if (a_copy[q])
+          cp_async16_bytes(stage_addr(step) + part * kAPanel + q * 32 * 128,
+                           a_src[q] + k_bytes + (part ? a_lo_bytes : 0), a_bytes[q]);
   };
   auto issue_b = [&](int step) {
     const int64_t k_bytes = static_cast<int64_t>(step) * kBK * 2;
@@ -285,47 +197,84 @@ __global__ void __launch_bounds__(kThreads, 1) expert_gemm_kernel(Args p) {
   float acc[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-  // Descriptors of stage 0's panels; a stage, part or k-step further adds its byte offset / 16 to
-  // the address field (14 bits: shared addresses stay below 256 KB, so nothing carries out).
-  const uint64_t desc_a = wgmma_desc_sw128(smem_u32(smem) + wg * 64 * 128);
-  const uint64_t desc_b = wgmma_desc_sw128(smem_u32(smem) + P::kParts * kAPanel);
-  // A tile's real rows come first (moe_align pads each expert's last tile at its end): a
-  // warpgroup whose 64 rows are all padding skips its wgmmas and leaves the tensor cores to the
-  // other. At 1k tokens ~84 tiles hold 6,000 rows: 41-48% of the tile rows are padding.
-  const bool wg_rows = __shfl_sync(0xffffffffu, p.sorted_slot[tile * kBM + wg * 64] >= 0 ? 1 : 0, 0) != 0;
-  // The K loop, with or without this warpgroup's wgmmas. Two copies rather than a branch around
-  // the wgmmas: with the branch, ptxas fenced the accumulators at every step (C7519), and the
-  // tensor pipe went from 69% to 52% active in the gate/up kernel at 8k tokens (H200). The copies
-  // meet at barrier 0 the same number of times a step through different instructions, hence the
-  // non-aligned barrier (PTX requires every thread of a CTA to execute the same aligned one).
-  auto k_loop = [&](auto with_mma) {
+  const uint32_t x_panel = smem_u32(smem), w_panel = x_panel + P::kParts * kAPanel;
+  // The K loop, one copy per form and shape: with a branch around differently shaped wgmmas (or
+  // around the wgmmas at all), ptxas fences the accumulators at every step (C7519; the tensor pipe
+  // went from 69% to 52% active in the gate/up kernel at 8k tokens, H200). The copies meet at
+  // barrier 0 the same number of times a step through different instructions, hence the
+  // non-aligned barrier (PTX requires every thread of a CTA to execute the same aligned one). Each
+  // copy waits for its wgmmas itself: where the copies meet, ptxas may move accumulators between
+  // registers, which must not happen while wgmmas are in flight (C7515: it serialises them all).
+  auto k_loop = [&](auto mma_step) {
     for (int step = 0; step < steps; ++step) {
       cp_async_wait<P::kStages - 2>();  // this thread's copies of `step` have landed
       fence_proxy_async_smem();         // ... and are visible to wgmma
       cta_barrier_unaligned();          // everyone's are
-      if constexpr (decltype(with_mma)::value) {
-        const uint64_t stage = static_cast<uint64_t>((step % P::kStages) * P::kStageBytes) >> 4;
-        wgmma_fence();
-#pragma unroll
-        for (int part = 0; part < P::kParts; ++part)
-#pragma unroll
-          for (int kk = 0; kk < kBK / 16; ++kk)
-            wgmma_m64n256k16_ss(acc, desc_a + stage + (part * kAPanel + kk * 32) / 16, desc_b + stage + kk * 32 / 16);
-        wgmma_commit();
-        wgmma_wait<1>();  // step - 1's wgmmas are done in this warpgroup
-      }
-      cta_barrier_unaligned();       // ... and in the other: its stage is free
+      mma_step(static_cast<uint64_t>((step % P::kStages) * P::kStageBytes) >> 4);
+      cta_barrier_unaligned();       // ... and in the other warpgroup: its stage is free
       issue(step + P::kStages - 1);  // into step - 1's stage
     }
+    wgmma_wait<0>();
+    wgmma_fence_regs(acc);
   };
-  if (wg_rows)
-    k_loop(std::true_type{});
-  else
-    k_loop(std::false_type{});
-  wgmma_wait<0>();
-  wgmma_fence_regs(acc);
-
-  store_tile<kGateUp, kSplit>(p, acc, tile, n0, wg, wq, lane, smem);
+  // Descriptors of stage 0's panels; a stage, part or k-step further adds its byte offset / 16 to
+  // the address field (14 bits: shared addresses stay below 256 KB, so nothing carries out).
+  // Token-major: this warpgroup's 64 tokens by the 256 weight rows; a warpgroup whose 64 rows are
+  // all padding issues nothing (only when KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX < 64 leaves such a tile
+  // to this form).
+  const uint64_t desc_tok = wgmma_desc_sw128(x_panel + wg * 64 * 128), desc_w256 = wgmma_desc_sw128(w_panel);
+  auto token_major = [&](uint64_t stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int part = 0; part < P::kParts; ++part)
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_m64n256k16_ss(acc, desc_tok + stage + (part * kAPanel + kk * 32) / 16, desc_w256 + stage + kk * 32 / 16);
+    wgmma_commit();
+    wgmma_wait<1>();  // step - 1's wgmmas are done in this warpgroup
+  };
+  // Weight-major: blocks of 64 weight rows (gate/up: this warpgroup's gate rows, then the same j's
+  // up rows; down: its 128 output columns) by the tile's first N tokens.
+  const uint64_t desc_x = wgmma_desc_sw128(x_panel);
+  const uint64_t desc_wb[2] = {wgmma_desc_sw128(w_panel + (kGateUp ? 64 * wg : 128 * wg) * 128),
+                               wgmma_desc_sw128(w_panel + (kGateUp ? 128 + 64 * wg : 128 * wg + 64) * 128)};
+  auto weight_major_step = [&](auto n_tokens) {
+    return [&](uint64_t stage) {
+      constexpr int N = decltype(n_tokens)::value;
+      wgmma_fence();
+#pragma unroll
+      for (int part = 0; part < P::kParts; ++part)
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t x = desc_x + stage + (part * kAPanel + kk * 32) / 16;
+          wgmma_m64nk16_ss<N, 0>(acc, desc_wb[0] + stage + kk * 32 / 16, x);
+          wgmma_m64nk16_ss<N, 64>(acc, desc_wb[1] + stage + kk * 32 / 16, x);
+        }
+      wgmma_commit();
+      wgmma_wait<1>();
+    };
+  };
+  if (!weight_major) {
+    const bool wg_rows = __shfl_sync(0xffffffffu, wg * 64 < n_real ? 1 : 0, 0) != 0;
+    if (wg_rows)
+      k_loop(token_major);
+    else
+      k_loop([](uint64_t) {});
+    store_token_major<kGateUp, kSplit>(p, acc, tile, n_real, n0, wg, wq, lane, smem);
+    return;
+  }
+  switch (n_mma / 16) {  // moe_align gives every real tile at least one row
+    case 1: k_loop(weight_major_step(std::integral_constant<int, 16>{})); break;
+    case 2: k_loop(weight_major_step(std::integral_constant<int, 32>{})); break;
+    case 3: k_loop(weight_major_step(std::integral_constant<int, 48>{})); break;
+    case 4: k_loop(weight_major_step(std::integral_constant<int, 64>{})); break;
+    case 5: k_loop(weight_major_step(std::integral_constant<int, 80>{})); break;
+    case 6: k_loop(weight_major_step(std::integral_constant<int, 96>{})); break;
+    case 7: k_loop(weight_major_step(std::integral_constant<int, 112>{})); break;
+    case 8: k_loop(weight_major_step(std::integral_constant<int, 128>{})); break;
+    default: __trap();
+  }
+  store_weight_major<kGateUp, kSplit>(p, acc, tile, n_real, n0, wg, wq, lane, smem);
 }
 
 bool widths_ok(int64_t hidden, int64_t inter) {
@@ -347,8 +296,10 @@ void launch_split(const Args& a, const AlignedLayout& l, cudaStream_t s) {
 }
 
 template <bool kGateUp>
-void launch(const Args& a, const AlignedLayout& l, bool split, cudaStream_t s) {
+void launch(Args a, const AlignedLayout& l, bool split, cudaStream_t s) {
   KILN_REQUIRE(l.bm == kBM, "moe wgmma: the layout's tiles must be 128 rows");
+  // Read per call, so that one process (a test) can run both forms.
+  a.weight_major_max = static_cast<int>(env_int("KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX", kWeightMajorMax, 0, kBM));
   if (split)
     launch_split<kGateUp, true>(a, l, s);
   else
