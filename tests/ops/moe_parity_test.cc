@@ -289,6 +289,35 @@ TEST(Parity, MoeWithAdd) {
   }
 }
 
+// The decode down kernel with one or two outputs a CTA (KILN_MOE_DOWN_OUTPUTS, read per call): the
+// same sums in the same order, so the same bits, and the CPU's values (Moonlight's widths, a short
+// last segment, scalar rows, no shared experts).
+TEST(Parity, MoeDecodeDownOutputs) {
+  KILN_NEED_GPU();
+  auto& [cpu, gpu] = backends();
+  const MoeShape shapes[] = {{1, 2048, 1408, 64, 6, MoeRouting::Random, 2816},
+                             {8, 2048, 1408, 64, 6, MoeRouting::Random, 2816},
+                             {1, 256, 1544, 8, 2, MoeRouting::Random, 1544},
+                             {3, 90, 404, 6, 2, MoeRouting::Random, 404},
+                             {5, 96, 40, 8, 2}};
+  uint64_t seed = 2400;
+  for (const MoeShape& s : shapes) {
+    seed += 17;
+    const std::string what = std::to_string(s.tokens) + " tokens, hidden " + std::to_string(s.hidden);
+    std::vector<float> one, two;
+    {
+      const ScopedEnv outputs("KILN_MOE_DOWN_OUTPUTS", "1");
+      one = run_moe_add(*gpu, s, seed, true);
+    }
+    {
+      const ScopedEnv outputs("KILN_MOE_DOWN_OUTPUTS", "2");
+      two = run_moe_add(*gpu, s, seed, true);
+    }
+    EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float))) << what;
+    EXPECT_LE(norm_err(run_moe_add(*cpu, s, seed, true), two), 1e-4) << what;
+  }
+}
+
 // --activation-dtype bf16: every tensor-core path (grouped 16/32/64-row tiles, the skinny kernel,
 // odd widths, cuBLASLt per expert, the shared MLP) multiplies x rounded to bf16 once, and the
 // expert activation silu(g)·u rounded once more. Against the CPU on the same rounded x only that

@@ -1,7 +1,7 @@
 // Integer settings of the CUDA backend read from the environment (the diagnostics and A/B switches
 // listed in docs/benchmarking.md). Most callers read theirs once per process into a static; the
-// prefill attention's, the MoE prefill thresholds, KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX and
-// KILN_MOE_SHARED_BESIDE are read on every call, so tests can vary them.
+// prefill attention's, the MoE prefill thresholds, KILN_MOE_WGMMA_WEIGHT_MAJOR_MAX,
+// KILN_MOE_SHARED_BESIDE and KILN_MOE_DOWN_OUTPUTS are read on every call, so tests can vary them.
 #pragma once
 
 #include <cstdint>

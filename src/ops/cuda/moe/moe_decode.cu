@@ -6,9 +6,9 @@
 //  1. gate/up: one warp per activation j of a (slot, expert) or of the shared MLP, reading the
 //     gate and up rows together and applying SwiGLU itself; a shared row serves up to 4 tokens per
 //     warp (1 at a single token).
-//  2. down + combine: one CTA per output (token, h) sums w_j · (Wd[e_j][h] · act_j) over its
-//     slots and the shared row, its warps taking a segment of the sum each, so nothing is written
-//     per slot and no combine pass follows.
+//  2. down + combine: one CTA per output (token, h), or per two adjacent h from 4 tokens, sums
+//     w_j · (Wd[e_j][h] · act_j) over its slots and the shared row, its warps taking a segment of
+//     the sum each, so nothing is written per slot and no combine pass follows.
 // Activations stay f32 and weights bf16 with f32 accumulation (the precision of the other paths);
 // sums run in a fixed order, so results do not depend on timing.
 // Measured and left out (session 11, H200): 2-8 tokens on tensor cores as the projections' GEMV
@@ -61,10 +61,9 @@ struct DecodeArgs {
   int32_t ni, ns, pi, ps, li, ls;
 };
 
-__device__ __forceinline__ void fma8(const uint4& w, const float* x, float& acc) {
+// acc += the 8 bf16 weights in w times the 8 values a ‖ b.
+__device__ __forceinline__ void fma8(const uint4& w, const float4& a, const float4& b, float& acc) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float4 a = __ldg(reinterpret_cast<const float4*>(x));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(x) + 1);
   float2 f = __bfloat1622float2(h[0]);
   acc += f.x * a.x + f.y * a.y;
   f = __bfloat1622float2(h[1]);
@@ -73,6 +72,9 @@ __device__ __forceinline__ void fma8(const uint4& w, const float* x, float& acc)
   acc += f.x * b.x + f.y * b.y;
   f = __bfloat1622float2(h[3]);
   acc += f.x * b.z + f.y * b.w;
+}
+__device__ __forceinline__ void fma8(const uint4& w, const float* x, float& acc) {
+  fma8(w, __ldg(reinterpret_cast<const float4*>(x)), __ldg(reinterpret_cast<const float4*>(x) + 1), acc);
 }
 
 // Lane-partial dots of gate row g and up row u with `tokens` (<= NT) rows of x, H apart.
@@ -128,6 +130,10 @@ constexpr int kSharedTokens = 4;
 // of a since-reverted ranking), and single-stream steps went 2.50-2.53 -> 2.45-2.51 ms (run 5,
 // same binary). Nor did these warps computing the input norm themselves and running before the
 // wait (run 1: gate/up 3.6 us faster, the router 3.6 us slower; batch 8 9.4 against 8.5 ms).
+// Nor (session 24) the shared rows pulled into L2 during the attention before this kernel, by a
+// side-stream kernel pacing bulk prefetches at 0.5-4 TB/s: every form made single-stream steps
+// slower (453 -> 227-443 tok/s), the router and MLA decode slowed, and this kernel still read all
+// 92 MB from DRAM (L2 hit rate 1.68% with or without; docs/results.md, session 24).
 template <int CHUNK, int NT>  // CHUNK: 16-byte gate loads per lane and pass (as many up loads with them)
 __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
     gate_up_kernel(DecodeArgs a, bool vec, bool prefetch) {
@@ -193,8 +199,12 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
 // 2.57 ms at batch 1 and 10.30-10.32 vs 8.54-8.61 at batch 8 (H200, same binary, env switch).
 constexpr int kSegChunks = 6;  // 8 spilled at 64 registers
 
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(DecodeArgs a, bool vec) {
-  __shared__ float part_s[kWarps];
+// OUT consecutive outputs h per CTA (CTA c = (h / OUT)·T + t): a warp loads its segment of all OUT
+// rows before it uses any and reads each act value once for them all, so a CTA holds OUT times the
+// weight bytes in flight for the same act loads. The same sums in the same order for any OUT.
+template <int OUT>
+__global__ void __launch_bounds__(kWarps * 32, OUT == 1 ? kMinBlocks : 3) down_combine_kernel(DecodeArgs a, bool vec) {
+  __shared__ float part_s[OUT][kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // 32-bit index arithmetic, and the segments' sizes from the launcher. With them computed here by
   // 64-bit divisions the kernel executed 10.8M instructions at one token (now 6.4M): ~660 a warp,
@@ -202,15 +212,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(D
   // could issue (Nsight Compute, H200: 21.5 -> 18.7 us alone; single-stream steps 2.28-2.33 ->
   // 2.22-2.25 ms, 8 streams 8.43-8.45 -> 7.84-7.92; session 16 run 5). Measured and not kept: 5
   // CTAs an SM at 48 registers (occupancy 43 -> 54%: 18.6 us alone, steps within 2.5% either way).
-  const auto T = static_cast<uint32_t>(a.T), t = blockIdx.x % T, h = blockIdx.x / T;
-  if (vec && threadIdx.x == 0 && t == 0 && a.S > 0) prefetch_l2(a.s_down + h * a.S, static_cast<uint32_t>(a.S * 2));
+  const auto T = static_cast<uint32_t>(a.T), t = blockIdx.x % T, h0 = blockIdx.x / T * OUT;
+  if (vec && threadIdx.x == 0 && t == 0 && a.S > 0)
+    prefetch_l2(a.s_down + h0 * a.S, static_cast<uint32_t>(OUT * a.S * 2));
   pdl_wait();
   pdl_trigger();
   const int k = static_cast<int>(a.k), routed_segs = k * a.pi;
-  float acc = 0.0f;  // lane-partial, segments in order
+  float acc[OUT] = {};  // lane-partial, segments in order
   for (int n = warp; n < routed_segs + a.ps; n += kWarps) {
-    const __nv_bfloat16* w;
+    const __nv_bfloat16* w;  // row h0; row h0 + o is o · row apart
     const float* x;
+    int64_t row;
     int b, end;  // units
     float scale = 1.0f;
     if (n < routed_segs) {
@@ -218,39 +230,56 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) down_combine_kernel(D
       const int64_t slot = int64_t{t} * k + j;
       const int32_t e = a.ids[slot];
       if (e < 0 || e >= a.E) continue;  // a dropped slot adds nothing
-      w = a.w_down + (static_cast<int64_t>(e) * a.H + h) * a.I;
+      w = a.w_down + (static_cast<int64_t>(e) * a.H + h0) * a.I;
       x = a.act + slot * a.I;
+      row = a.I;
       b = (n - j * a.pi) * a.li, end = min(a.ni, b + a.li), scale = a.wts[slot];
     } else {
-      w = a.s_down + h * a.S;
+      w = a.s_down + h0 * a.S;
       x = a.act + a.T * a.k * a.I + t * a.S;
+      row = a.S;
       b = (n - routed_segs) * a.ls, end = min(a.ns, b + a.ls);
     }
-    float part = 0.0f;
+    float part[OUT] = {};
     if (vec) {
       const uint4* wl = reinterpret_cast<const uint4*>(w) + b + lane;  // this lane's chunks, 32 apart
       const float* xl = x + (b + lane) * 8;
       const int left = end - b - lane;  // chunks c · 32 < left are this lane's
-      uint4 v[kSegChunks];
+      uint4 v[OUT][kSegChunks];
 #pragma unroll
-      for (int c = 0; c < kSegChunks; ++c)
-        if (c * 32 < left) v[c] = __ldcs(wl + c * 32);
+      for (int o = 0; o < OUT; ++o)
 #pragma unroll
-      for (int c = 0; c < kSegChunks; ++c)
-        if (c * 32 < left) fma8(v[c], xl + c * 256, part);
+        for (int c = 0; c < kSegChunks; ++c)
+          if (c * 32 < left) v[o][c] = __ldcs(wl + o * (row / 8) + c * 32);
+#pragma unroll
+      for (int c = 0; c < kSegChunks; ++c) {
+        if (c * 32 >= left) break;
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(xl + c * 256));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(xl + c * 256) + 1);
+#pragma unroll
+        for (int o = 0; o < OUT; ++o) fma8(v[o][c], x0, x1, part[o]);
+      }
     } else {
-      for (int i = b + lane; i < end; i += 32) part += __bfloat162float(w[i]) * x[i];
+      for (int i = b + lane; i < end; i += 32)
+#pragma unroll
+        for (int o = 0; o < OUT; ++o) part[o] += __bfloat162float(w[o * row + i]) * x[i];
     }
-    acc += scale * part;
+#pragma unroll
+    for (int o = 0; o < OUT; ++o) acc[o] += scale * part[o];
   }
-  acc = warp_sum(acc);
-  if (lane == 0) part_s[warp] = acc;
+#pragma unroll
+  for (int o = 0; o < OUT; ++o) {
+    const float v = warp_sum(acc[o]);
+    if (lane == 0) part_s[o][warp] = v;
+  }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < OUT) {
+    const int o = threadIdx.x;
     float sum = 0.0f;
 #pragma unroll
-    for (int q = 0; q < kWarps; ++q) sum += part_s[q];
-    a.out[t * a.H + h] = a.add ? sum + a.add[t * a.H + h] : sum;
+    for (int q = 0; q < kWarps; ++q) sum += part_s[o][q];
+    const int64_t i = t * a.H + h0 + o;
+    a.out[i] = a.add ? sum + a.add[i] : sum;
   }
 }
 
@@ -300,7 +329,18 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
   // programmatic dependent launch (3.00 vs 2.91 ms), so every task keeps its own warp.
   launch_pdl(nt == 1 ? gate_up_kernel<4, 1> : gate_up_kernel<4, kSharedTokens>,
              dim3(blocks_for(T * k * I + S * groups, kWarps)), dim3(kWarps * 32), 0, s, a, vec_gu, prefetch);
-  launch_pdl(down_combine_kernel, dim3(static_cast<unsigned>(T * H)), dim3(kWarps * 32), 0, s, a, vec_d);
+  // Outputs per down CTA: two from 4 tokens (KILN_MOE_DOWN_OUTPUTS=1 or 2 forces one, read per
+  // call so tests can compare them; 2 needs an even hidden size). H200, Moonlight, three rounds of
+  // whole steps, session 24: 8 tokens +4.5 to +5.6% (the kernel alone 98.9 -> 85.1 us), 4 tokens
+  // +0.2 to +2.9%, 2 tokens -1.3 to +1.5%, one token -0.8 to -1.9% (15.5 -> 15.9 us on the chain,
+  // 17.1 us alone either way; why is not measured). Four outputs spilled at the 2 CTAs an SM their
+  // 128 registers allow.
+  const int64_t forced = env_int("KILN_MOE_DOWN_OUTPUTS", 0, 0, 2);
+  const int64_t outputs = forced ? forced : T >= 4 ? 2 : 1;
+  if (outputs == 2 && H % 2 == 0)
+    launch_pdl(down_combine_kernel<2>, dim3(static_cast<unsigned>(T * H / 2)), dim3(kWarps * 32), 0, s, a, vec_d);
+  else
+    launch_pdl(down_combine_kernel<1>, dim3(static_cast<unsigned>(T * H)), dim3(kWarps * 32), 0, s, a, vec_d);
 }
 
 }  // namespace kiln::ops::cuda::moe_detail
