@@ -39,7 +39,7 @@ namespace {
 constexpr int kWarps = 8;
 // CTAs per SM the register budget must allow (64 registers a thread): the kernels are bound by
 // loads in flight, and at 80-93 registers only 2-3 CTAs fit (Nsight Compute on H200: 25-37%
-// occupancy).
+// occupancy). The two-output down kernel is the exception: 3 CTAs at 80 registers (see there).
 constexpr int kMinBlocks = 4;
 
 struct DecodeArgs {
@@ -179,24 +179,26 @@ __global__ void __launch_bounds__(kWarps * 32, NT == 1 ? kMinBlocks : 1)
   }
 }
 
-// grid: T·H CTAs; CTA c = h·T + t writes out[t, h] (the tokens of one h side by side: same-expert
-// rows come from L2 the second time, as in the gate/up kernel). The sum is cut into segments of at
-// most kSegChunks · 32 chunks of 8 columns: each routed slot's row in pi pieces and the shared row
-// in ps pieces (Moonlight: 6 + 2 segments of 1,408 columns). Warp w takes segments w, w + kWarps,
-// ...; it issues all of a segment's loads before it uses any, so an output costs about one round
-// trip. (A warp per output walking its segments in passes, the next pass's loads issued before the
-// current one was reduced, ran at 1.75 TB/s on H200 at one token: 26 us for 46 MB; this takes 19.)
+// grid: T·H / OUT CTAs; CTA c = (h / OUT)·T + t writes out[t, h .. h + OUT - 1] (OUT below; the
+// tokens of one h side by side: same-expert rows come from L2 the second time, as in the gate/up
+// kernel). The sum is cut into segments of at most kSegChunks · 32 chunks of 8 columns: each routed
+// slot's row in pi pieces and the shared row in ps pieces (Moonlight: 6 + 2 segments of 1,408
+// columns). Warp w takes segments w, w + kWarps, ...; it issues all of a segment's loads before it
+// uses any, so an output costs about one round trip. (A warp per output walking its segments in
+// passes, the next pass's loads issued before the current one was reduced, ran at 1.75 TB/s on H200
+// at one token: 26 us for 46 MB; this takes 19.)
 // The CTA sums the warps' partials in warp order, so the result does not depend on timing.
-// Measured and left out: two or four outputs per CTA with the segments staged in shared memory
-// by cp.async (same or slower whole steps); the first segment loaded before pdl_wait; and, for 2-8
-// tokens, the down projection per expert (each distinct row once for all its slots, partial sums,
-// then a combine launch): 169 + 5 us against 121 us at 8 tokens (H200, Nsight Compute). Also
-// slower (session 10): the gate/up CTAs prefetching the chosen experts' down rows into L2 once the
-// routing is known (single-stream steps 2.71-2.74 vs 2.59-2.61 ms). And (session 12) each CTA's
-// rows copied into shared memory by the bulk-copy engine before the wait (one cp.async.bulk per
-// row, issued by one thread; 128 threads, 80 registers, 22.5 KB a CTA), so that the CTAs resident
-// during the gate/up tail hold every byte in flight without registers: much slower, 2.78-2.82 vs
-// 2.57 ms at batch 1 and 10.30-10.32 vs 8.54-8.61 at batch 8 (H200, same binary, env switch).
+// Measured and left out: two or four outputs per CTA with the segments staged in shared memory by
+// cp.async (same or slower whole steps; the two outputs kept since hold them in registers); the
+// first segment loaded before pdl_wait; and, for 2-8 tokens, the down projection per expert (each
+// distinct row once for all its slots, partial sums, then a combine launch): 169 + 5 us against 121
+// us at 8 tokens (H200, Nsight Compute). Also slower (session 10): the gate/up CTAs prefetching the
+// chosen experts' down rows into L2 once the routing is known (single-stream steps 2.71-2.74 vs
+// 2.59-2.61 ms). And (session 12) each CTA's rows copied into shared memory by the bulk-copy engine
+// before the wait (one cp.async.bulk per row, issued by one thread; 128 threads, 80 registers, 22.5
+// KB a CTA), so that the CTAs resident during the gate/up tail hold every byte in flight without
+// registers: much slower, 2.78-2.82 vs 2.57 ms at batch 1 and 10.30-10.32 vs 8.54-8.61 at batch 8
+// (H200, same binary, env switch).
 constexpr int kSegChunks = 6;  // 8 spilled at 64 registers
 
 // OUT consecutive outputs h per CTA (CTA c = (h / OUT)·T + t): a warp loads its segment of all OUT
