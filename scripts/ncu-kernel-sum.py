@@ -9,8 +9,9 @@ Nsight Compute with a single metric, so every kernel (cuBLASLt's included) is ti
 
 A prefill starts at an embedding kernel; the bench runs a warm-up prefill, then the measured one,
 and its decode steps replay CUDA graphs, whose kernels Nsight Compute does not list. So the last
-segment (--segment -1, the default) is the measured prefill; --segment all sums the whole file (a
-run with --no-warmup --enforce-eager, as scripts/gpu-check.sh profiles). The kernel times are
+segment (--segment -1, the default) is the measured prefill; --segment all sums everything from the
+first prefill on (a run with --no-warmup --enforce-eager, as scripts/gpu-check.sh profiles; the
+weight fills and other set-up before it are left out). The kernel times are
 serialised (Nsight Compute runs one kernel at a time), so their sum is an upper bound of the GPU time.
 
 Usage: scripts/ncu-kernel-sum.py K.csv [--segment -1|all] [--top 30] [--json OUT]
@@ -55,10 +56,12 @@ def main():
         if scale is None:
             raise SystemExit(f"unknown unit {r['Metric Unit']!r}")
         kernels.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale))
+    starts = [i for i, (n, _) in enumerate(kernels) if short_name(n) == "embedding_kernel"]
     if args.segment == "all":
-        seg = kernels
+        # From the first prefill on: what runs before it (the random weights' fill kernels, 24 ms of a
+        # Moonlight run on H200, more than a 2k prefill) is set-up, not the work being profiled.
+        seg = kernels[starts[0] :] if starts else kernels
     else:
-        starts = [i for i, (n, _) in enumerate(kernels) if short_name(n) == "embedding_kernel"]
         if not starts:
             raise SystemExit("no embedding kernel: not a kiln bench model profile")
         if not -len(starts) <= int(args.segment) < len(starts):
