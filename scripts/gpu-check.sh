@@ -83,6 +83,11 @@ for v in 96 0 128; do
       grep -E "^ +[0-9]" | sed "s/^/weight_major_max=$v prompt=$len: /"
   done
 done
+echo "== A/B: decode MoE down kernel, two outputs a CTA from 4 tokens (default) or one (KILN_MOE_DOWN_OUTPUTS=1)"
+for v in 0 1; do
+  KILN_MOE_DOWN_OUTPUTS=$v "${BENCH[@]}" --batch-sizes 1,4,8 --prompt-len 128 --decode-steps 64 2>&1 |
+    grep -E "^ +[0-9]" | sed "s/^/down_outputs=$v: /"
+done
 echo "== A/B: GEMM activations f32 (hi/lo split, default), bf16 experts only, or bf16 everywhere"
 for act in f32 experts-bf16 bf16; do
   flags=(--activation-dtype "${act#experts-}")
