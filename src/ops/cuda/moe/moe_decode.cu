@@ -338,11 +338,9 @@ void moe_decode(const MoeParams& p, cudaStream_t s) {
   // 17.1 us alone either way; why is not measured). Four outputs spilled at the 2 CTAs an SM their
   // 128 registers allow.
   const int64_t forced = env_int("KILN_MOE_DOWN_OUTPUTS", 0, 0, 2);
-  const int64_t outputs = forced ? forced : T >= 4 ? 2 : 1;
-  if (outputs == 2 && H % 2 == 0)
-    launch_pdl(down_combine_kernel<2>, dim3(static_cast<unsigned>(T * H / 2)), dim3(kWarps * 32), 0, s, a, vec_d);
-  else
-    launch_pdl(down_combine_kernel<1>, dim3(static_cast<unsigned>(T * H)), dim3(kWarps * 32), 0, s, a, vec_d);
+  const bool two = (forced ? forced == 2 : T >= 4) && H % 2 == 0;
+  launch_pdl(two ? down_combine_kernel<2> : down_combine_kernel<1>, dim3(static_cast<unsigned>(T * H / (two ? 2 : 1))),
+             dim3(kWarps * 32), 0, s, a, vec_d);
 }
 
 }  // namespace kiln::ops::cuda::moe_detail
