@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-gpu-out}
 mkdir -p "$OUT"
-# The device tool carries .gpuz/gpu.tar.xz (made by scripts/gpu-build.sh --pack) when .gpu is too big.
+# The device tool carries .gpuz/gpu.tar.xz (made by scripts/gpu-build.sh --pack): .gpu is too big.
 [ -d .gpu ] || tar -xJf .gpuz/gpu.tar.xz
 export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
 # The binaries carry the paths they were built with (the lead worktree): recreate them here.

@@ -9,7 +9,7 @@ random-weight config it writes, under OUT/<name>/:
 One fixture is also written as an FP8 (e4m3, block-scaled) checkpoint whose expectations come from
 the dequantised weights.
 
-Usage: python3 tools/make_fixtures.py --out DIR
+Usage: python3 tools/make_fixtures.py --out DIR [--only NAME ...]
 """
 import argparse
 import json
@@ -55,6 +55,20 @@ FIXTURES = {
                  qk_rope_head_dim=6, qk_nope_head_dim=12, v_head_dim=20, max_position_embeddings=512,
                  rms_norm_eps=1e-5, rope_interleave=False, tie_word_embeddings=True),
         rope=None, rope_theta=10000.0),
+    # Moonlight's and DeepSeek-V3's attention widths (latent 512, rope 64, nope 128, v 128, no q
+    # LoRA) at 12 heads (96 / TP8): the shapes the CUDA MLA fast paths serve (the tensor-core
+    # prefill and the absorbed decode over 576-wide cache rows), which the small fixtures above
+    # reach only through the general kernels. One MoE layer (no dense one) and small elsewhere: the
+    # 512-wide kv_b of 12 heads alone is 3.1 MB of bf16, and device runs carry the tree (64 MiB).
+    "h12_mla512_moonlight_widths": dict(
+        spelling="rope_scaling", model_type="deepseek_v3",
+        cfg=dict(vocab_size=256, hidden_size=128, intermediate_size=192, moe_intermediate_size=32,
+                 num_hidden_layers=1, num_attention_heads=12, num_key_value_heads=12, n_shared_experts=2,
+                 n_routed_experts=8, num_experts_per_tok=3, n_group=1, topk_group=1, first_k_dense_replace=0,
+                 routed_scaling_factor=2.446, norm_topk_prob=True, q_lora_rank=None, kv_lora_rank=512,
+                 qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, max_position_embeddings=8192,
+                 rms_norm_eps=1e-5, rope_interleave=True, tie_word_embeddings=False),
+        rope=None, rope_theta=50000.0),
 }
 FP8_OF = "h12_qlora_grouped_yarn"
 FP8_BLOCK = [16, 16]
@@ -203,13 +217,20 @@ def write_fixture(out_dir, name, file_cfg, state, model, gen):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="write only these fixtures (repeatable; each keeps its seed)")
     args = ap.parse_args()
+    unknown = [n for n in args.only if n not in FIXTURES]
+    if unknown:
+        ap.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     # The CPU keeps float32 exact and takes every shape (the GPU grouped GEMM wants 16-byte strides).
     dev = "cpu"
     for i, (name, spec) in enumerate(FIXTURES.items()):
+        if args.only and name not in args.only:
+            continue
         gen = torch.Generator().manual_seed(1234 + i)
         file_cfg, hf_cfg = make_config(spec)
         print(name, "rope:", getattr(hf_cfg, "rope_parameters", None) or getattr(hf_cfg, "rope_scaling", None),
