@@ -237,7 +237,7 @@ ForwardBatch make_batch(int64_t B, int64_t start, int64_t len, int64_t blocks_pe
 }
 
 json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c, double copy_gbps, double gemm_tflops,
-                 const std::vector<int64_t>& batches, bool quick) {
+                 const std::vector<int64_t>& batches, bool quick, bool prefill_8k_first) {
   std::printf("== %s: random weights\n", name.c_str());
   auto model = std::make_unique<DeepseekV3Model>(c, random_weights(c, be, 7), be);
   json out = {{"model", name}, {"config", model_config_to_json(c)}};
@@ -248,9 +248,12 @@ json bench_model(ops::Backend& be, const std::string& name, const ModelConfig& c
     // 8,192-token step budget takes from a queue of 1k prompts: every weight read once for 8k
     // tokens), one 8k prompt. Session 25's run (H200) put the 8k rows 7-11% below session 23's
     // with no change to prefill code in between: whether the batched row run just before them
-    // costs them (power, clocks) or the machine was slower is not measured.
-    for (const auto& [P, T] : std::vector<std::pair<int64_t, int64_t>>{{1, 1024}, {8, 1024}, {1, 8192}}) {
-      if (quick && P * T > 1024) break;
+    // costs them (power, clocks) or the machine was slower is not measured; --prefill-8k-first
+    // runs the 8k prompt before the batched row, for that A/B.
+    std::vector<std::pair<int64_t, int64_t>> shapes{{1, 1024}, {8, 1024}, {1, 8192}};
+    if (prefill_8k_first) std::swap(shapes[1], shapes[2]);
+    for (const auto& [P, T] : shapes) {
+      if (quick && P * T > 1024) continue;
       const int64_t bps = (T + bs - 1) / bs;
       LatentKvPool pool = model->new_pool(P * bps, bs);
       ForwardBatch fb = make_batch(P, 0, T, bps, bs, c.vocab_size, false);
@@ -455,10 +458,12 @@ json bench_mla_prefill(ops::Backend& be, double gemm_tflops) {
 int main(int argc, char** argv) {
   CLI::App app{"kiln GPU benchmarks"};
   std::string out_path = "gpu_bench.json";
-  bool quick = false, skip_model = false;
+  bool quick = false, skip_model = false, models_only = false, prefill_8k_first = false;
   app.add_option("--out", out_path, "JSON report");
   app.add_flag("--quick", quick, "fewer shapes and steps");
   app.add_flag("--skip-model", skip_model, "kernels and ceilings only");
+  app.add_flag("--models-only", models_only, "ceilings and the whole models only");
+  app.add_flag("--prefill-8k-first", prefill_8k_first, "prefill the 8k prompt before the eight 1k prompts");
   CLI11_PARSE(app, argc, argv);
   try {
     auto be = ops::make_cuda_backend();
@@ -467,16 +472,20 @@ int main(int argc, char** argv) {
     const double gemm = bench::measure_bf16_gemm_tflops(8192, 8192, 8192);
     std::printf("device %s\nceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", be->name().c_str(), copy, gemm);
     report["ceilings"] = {{"copy_gbps", copy}, {"bf16_gemm_tflops", gemm}};
-    report["mla_decode_kernel"] = bench_mla_kernel(*be, copy, quick);
-    report["moe_layer"] = bench_moe_layer(*be, copy, gemm);
-    report["mla_prefill_kernel"] = bench_mla_prefill(*be, gemm);
-    report["sample_kernel"] = bench_sample(*be, copy);
+    if (!models_only) {
+      report["mla_decode_kernel"] = bench_mla_kernel(*be, copy, quick);
+      report["moe_layer"] = bench_moe_layer(*be, copy, gemm);
+      report["mla_prefill_kernel"] = bench_mla_prefill(*be, gemm);
+      report["sample_kernel"] = bench_sample(*be, copy);
+    }
     if (!skip_model) {
       ModelConfig moon = parse_model_config(json::parse(kMoonlight), "moonlight-16b-a3b");
-      report["models"].push_back(bench_model(*be, "moonlight-16b-a3b", moon, copy, gemm, {1, 8, 32, 128, 256}, quick));
+      report["models"].push_back(
+          bench_model(*be, "moonlight-16b-a3b", moon, copy, gemm, {1, 8, 32, 128, 256}, quick, prefill_8k_first));
       ModelConfig v129 = moon;
       v129.vocab_size = 129280;
-      report["models"].push_back(bench_model(*be, "moonlight-16b-a3b-vocab129280", v129, copy, gemm, {1, 128}, quick));
+      report["models"].push_back(
+          bench_model(*be, "moonlight-16b-a3b-vocab129280", v129, copy, gemm, {1, 128}, quick, prefill_8k_first));
     }
     std::ofstream(out_path) << report.dump(2);
     std::printf("wrote %s\n", out_path.c_str());

@@ -6,13 +6,17 @@
 #   over its limit): the libraries and the named binaries of .gpu (default: all), stripped, xz with
 #   the x86 filter and a 256 MiB window so the binaries' shared code is stored once (~15 MB for all,
 #   ~3 MB less than plain `tar -cJf`). The tree that travels plus the carry must stay under 64
-#   MiB; the script prints both.
+#   MiB; the script prints both. scripts/gpu-check.sh needs all five binaries; fewer suit a
+#   command of your own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=0
 if [ "${1:-}" = "--pack" ]; then
   pack=1
   shift
+elif [ $# -gt 0 ]; then
+  echo "usage: scripts/gpu-build.sh [--pack [BINARY...]]" >&2
+  exit 2
 fi
 cmake -S . -B build-gpu -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DKILN_SKIP_MODULES= >/dev/null
 cmake --build build-gpu --target kiln ops_parity_test model_test kiln-gpu-bench kiln-load-pattern-bench

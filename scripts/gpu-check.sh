@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/kiln-gpu-out}
 mkdir -p "$OUT"
 # The device tool carries .gpuz/gpu.tar.xz (made by scripts/gpu-build.sh --pack): .gpu is too big.
-[ -d .gpu ] || tar -xJf .gpuz/gpu.tar.xz
+# A warm machine keeps the .gpu an earlier call unpacked (ignored outputs stay), so the archive,
+# when there is one, replaces it every time.
+if [ -f .gpuz/gpu.tar.xz ]; then rm -rf .gpu && tar -xJf .gpuz/gpu.tar.xz; fi
 export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
 # The binaries carry the paths they were built with (the lead worktree): recreate them here.
 BUILT=$(cat .gpu/built_at)
@@ -118,6 +120,19 @@ for v in 4 3; do
 done
 echo "== benchmarks"
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
+# Session 25's table had its 8k prefills 7-11% below session 23's with no prefill change between:
+# does the 8 x 1k row run just before them cost them (clocks, power), or was the machine slower?
+echo "== A/B: the 8k prefill rows after the eight 1k prompts (kiln-gpu-bench's order) or before them"
+for round in 1 2; do
+  for first in "" --prefill-8k-first; do
+    tag="round $round, 8 x 1k first"
+    [ -n "$first" ] && tag="round $round, 8k first"
+    nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+      --format=csv,noheader | sed "s/^/$tag, before: /"
+    .gpu/kiln-gpu-bench --models-only $first --out "$OUT/gpu_bench_order_${round}${first:+_8k_first}.json" 2>&1 |
+      grep -E "^prefill" | sed "s/^/$tag: /"
+  done
+done
 echo "== the prefill expert GEMMs' weight-load pattern alone, per weight layout"
 .gpu/kiln-load-pattern-bench "$OUT/load_pattern.json" 2>&1 | tee "$OUT/load_pattern.log" || status=1
 echo "== op profile: where a decode step's GPU time goes (eager, events around every op)"
@@ -147,6 +162,16 @@ if [ -x "$NCU" ] && [ "${KILN_NCU:-1}" = 1 ]; then  # KILN_NCU=0 skips it (~1 mi
     echo "kernels ($1, ncu):"
     python3 scripts/ncu-kernel-sum.py "$OUT/ncu_$1.csv" --segment all --top 22 || true
   done
+  # Why the decode down kernel reads its 46 MB at ~2.7 TB/s alone where gate/up reads 92 MB at ~3.4
+  # (one token, session 24): where their warps stall, and what limits how many are resident.
+  echo "decode MoE kernels at one token (ncu: warp states, scheduler, occupancy, memory):"
+  timeout 150 "$NCU" --cache-control none --clock-control none -k regex:"down_combine_kernel|gate_up_kernel" \
+    --launch-skip 60 --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    .gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights \
+    --batch-sizes 1 --prompt-len 128 --decode-steps 8 --no-warmup --enforce-eager > "$OUT/ncu_moe_decode_t1.txt" 2>&1 || true
+  grep -E "down_combine|gate_up|Duration|Memory Throughput|DRAM Throughput|Stall|Warp Cycles Per|Achieved Occupancy|Registers Per|Eligible Warps|No Eligible|Hit Rate" \
+    "$OUT/ncu_moe_decode_t1.txt" | head -100 || true
 fi
 # The device tool brings back at most 8 files: everything travels in one archive.
 tar -czf /tmp/kiln-results.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/kiln-results.tgz "$OUT/results.tgz"

@@ -222,7 +222,8 @@ def main():
     args = ap.parse_args()
     unknown = [n for n in args.only if n not in FIXTURES]
     if unknown:
-        ap.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)}")
+        ap.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)} "
+                 f"({FP8_OF}_fp8 is written with {FP8_OF})")
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
