@@ -119,7 +119,11 @@ for v in 4 3; do
     grep -E "^ +[0-9]" | sed "s/^/prefill_stages=$v: /"
 done
 echo "== benchmarks"
+rm -f "$OUT/gpu_bench.json"  # a warm machine may hold an earlier run's: never draw that one
 .gpu/kiln-gpu-bench --out "$OUT/gpu_bench.json" "$@" 2>&1 | tee "$OUT/gpu_bench.log" || status=1
+if [ -f "$OUT/gpu_bench.json" ]; then
+  .gpu/kiln bench chart --gpu-bench "$OUT/gpu_bench.json" --out "$OUT/gpu_bench.svg" || status=1
+fi
 # Session 25's table had its 8k prefills 7-11% below session 23's with no prefill change between:
 # does the 8 x 1k row run just before them cost them (clocks, power), or was the machine slower?
 echo "== A/B: the 8k prefill rows after the eight 1k prompts (kiln-gpu-bench's order) or before them"

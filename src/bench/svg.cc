@@ -126,4 +126,66 @@ std::string render_chart(const std::vector<PointSummary>& points, const std::str
   return s;
 }
 
+std::string render_bars(const std::vector<ResultBar>& bars, const std::string& title, const std::string& subtitle) {
+  // Canvas: a label column, the bars over 0..xmax percent, the absolute figure right of each bar.
+  constexpr double W = 900, L = 270, R = 150, T = 96, B = 44, kRow = 20, kHead = 28;
+  double top = 1.0;  // at least 0-100%
+  for (const ResultBar& b : bars) top = std::max(top, std::max(b.fraction, std::isnan(b.target) ? 0.0 : b.target));
+  const double xstep = nice_step(top * 100, 10), xmax = std::ceil(top * 100 / xstep) * xstep;
+  double h = T + B;
+  for (size_t i = 0; i < bars.size(); ++i) h += kRow + (i == 0 || bars[i].group != bars[i - 1].group ? kHead : 0);
+  auto px = [&](double percent) { return L + percent / xmax * (W - L - R); };
+
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"16\" y=\"26\" font-size=\"16\" font-weight=\"bold\">{2}</text>\n"
+      "<text x=\"16\" y=\"46\" fill=\"#555\">{3}</text>\n",
+      W, h, escape(title), escape(subtitle));
+  // Legend, then the percent grid over the whole plot.
+  s += fmt::format(
+      "<rect x=\"16\" y=\"58\" width=\"14\" height=\"10\" fill=\"#2ca02c\"/>"
+      "<text x=\"36\" y=\"67\">meets its target</text>"
+      "<rect x=\"146\" y=\"58\" width=\"14\" height=\"10\" fill=\"#ff7f0e\"/>"
+      "<text x=\"166\" y=\"67\">short of its target</text>"
+      "<rect x=\"290\" y=\"58\" width=\"14\" height=\"10\" fill=\"#1f77b4\"/>"
+      "<text x=\"310\" y=\"67\">no target</text>"
+      "<line x1=\"394\" y1=\"56\" x2=\"394\" y2=\"70\" stroke=\"#d62728\" stroke-width=\"2\"/>"
+      "<text x=\"400\" y=\"67\">target</text>\n");
+  for (double v = 0; v <= xmax + xstep / 2; v += xstep)
+    s += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>"
+        "<text x=\"{0:.1f}\" y=\"{3}\" text-anchor=\"middle\">{4}%</text>\n",
+        px(v), T - 4, h - B, h - B + 16, tick_label(v));
+  double y = T;
+  for (size_t i = 0; i < bars.size(); ++i) {
+    const ResultBar& b = bars[i];
+    if (i == 0 || b.group != bars[i - 1].group) {
+      s += fmt::format("<text x=\"16\" y=\"{:.1f}\" font-weight=\"bold\">{}</text>\n", y + kHead - 8, escape(b.group));
+      y += kHead;
+    }
+    const bool has_target = !std::isnan(b.target);
+    const char* fill = !has_target ? "#1f77b4" : b.fraction >= b.target ? "#2ca02c" : "#ff7f0e";
+    const double pct = b.fraction * 100, bar = std::max(0.0, pct);  // the text keeps a negative value
+    s += fmt::format(
+        "<g class=\"bar\"><title>{0}: {1}, {2:.1f}%{3}</title>"
+        "<text x=\"{4}\" y=\"{5:.1f}\" text-anchor=\"end\">{0}</text>"
+        "<rect x=\"{6}\" y=\"{7:.1f}\" width=\"{8:.1f}\" height=\"{9}\" fill=\"{10}\"/>"
+        "<text x=\"{11:.1f}\" y=\"{5:.1f}\">{2:.1f}%  {1}</text>",
+        escape(b.label), escape(b.value), pct, has_target ? fmt::format(" (target {:.0f}%)", b.target * 100) : "",
+        L - 8, y + kRow - 6, L, y + 3, px(bar) - L, kRow - 6, fill,
+        px(std::max(bar, has_target ? b.target * 100 : 0.0)) + 6);  // the text clears the target tick
+    if (has_target)
+      s += fmt::format(
+          "<line class=\"target\" x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" "
+          "stroke=\"#d62728\" stroke-width=\"2\"/>",
+          px(b.target * 100), y + 1, y + kRow - 1);
+    s += "</g>\n";
+    y += kRow;
+  }
+  s += "</svg>\n";
+  return s;
+}
+
 }  // namespace kiln::bench
