@@ -38,6 +38,18 @@ struct Mode {
 };
 constexpr Mode kModes[] = {{"", ""}, {"_bf16_experts", ", bf16 experts"}, {"_bf16_activations", ", bf16 act."}};
 
+// row(r, where, mode) for each row of m's `kind` ("decode", "prefill") in every precision mode: the
+// default mode's list is required, the others are optional.
+template <typename F>
+void each_mode_row(const json& m, const std::string& name, const std::string& kind, F&& row) {
+  for (const Mode& mode : kModes) {
+    const std::string key = kind + mode.suffix;
+    if (mode.suffix[0] && !m.contains(key)) continue;
+    const json& list = rows(m, key, name);
+    for (size_t i = 0; i < list.size(); ++i) row(list[i], fmt::format("{}.{}[{}]", name, key, i), mode);
+  }
+}
+
 }  // namespace
 
 std::vector<ResultBar> gpu_bench_bars(const json& report) {
@@ -49,39 +61,27 @@ std::vector<ResultBar> gpu_bench_bars(const json& report) {
     const json& m = models[0];
     KILN_CHECK(m.is_object(), "gpu bench report: models[0] is not an object");
     const std::string name = m.contains("model") && m["model"].is_string() ? m["model"].get<std::string>() : "model 0";
-    for (const Mode& mode : kModes) {
-      const std::string key = std::string("decode") + mode.suffix;
-      if (mode.suffix[0] && !m.contains(key)) continue;  // the default mode's rows are required
-      const json& list = rows(m, key, name);
-      for (size_t i = 0; i < list.size(); ++i) {
-        const std::string where = fmt::format("{}.{}[{}]", name, key, i);
-        const double batch = number(list[i], "batch", where);
-        ResultBar b{.group = "decode, " + name + " (fraction of the HBM ceiling)",
-                    .label = fmt::format("{:g} stream{}{}", batch, batch == 1 ? "" : "s", mode.name),
-                    .value = fmt::format("{:.0f} tok/s", number(list[i], "tok_s_aggregate", where)),
-                    .fraction = number(list[i], "fraction_of_ceiling", where)};
-        if (batch == 1) b.target = kDecodeTarget;
-        bars.push_back(b);
-      }
-    }
-    for (const Mode& mode : kModes) {
-      const std::string key = std::string("prefill") + mode.suffix;
-      if (mode.suffix[0] && !m.contains(key)) continue;
-      const json& list = rows(m, key, name);
-      for (size_t i = 0; i < list.size(); ++i) {
-        const std::string where = fmt::format("{}.{}[{}]", name, key, i);
-        const double prompt = number(list[i], "prompt", where);
-        const double prompts = list[i].contains("prompts") ? number(list[i], "prompts", where) : 1;
-        ResultBar b{.group = "prefill, " + name + " (fraction of the bf16 GEMM rate)",
-                    .label = prompts == 1 ? fmt::format("{:g} tokens{}", prompt, mode.name)
-                                          : fmt::format("{:g} x {:g} tokens{}", prompts, prompt, mode.name),
-                    .value = fmt::format("{:.0f} tok/s", number(list[i], "tok_s", where)),
-                    .fraction = number(list[i], "fraction_of_bf16_gemm", where)};
-        // The figures are one prompt of 1k or of 8k tokens.
-        if (prompts == 1 && (prompt == 1024 || prompt == 8192)) b.target = kPrefillTarget;
-        bars.push_back(b);
-      }
-    }
+    each_mode_row(m, name, "decode", [&](const json& r, const std::string& where, const Mode& mode) {
+      const double batch = number(r, "batch", where);
+      ResultBar b{.group = "decode, " + name + " (fraction of the HBM ceiling)",
+                  .label = fmt::format("{:g} stream{}{}", batch, batch == 1 ? "" : "s", mode.name),
+                  .value = fmt::format("{:.0f} tok/s", number(r, "tok_s_aggregate", where)),
+                  .fraction = number(r, "fraction_of_ceiling", where)};
+      if (batch == 1) b.target = kDecodeTarget;
+      bars.push_back(b);
+    });
+    each_mode_row(m, name, "prefill", [&](const json& r, const std::string& where, const Mode& mode) {
+      const double prompt = number(r, "prompt", where);
+      const double prompts = r.contains("prompts") ? number(r, "prompts", where) : 1;
+      ResultBar b{.group = "prefill, " + name + " (fraction of the bf16 GEMM rate)",
+                  .label = prompts == 1 ? fmt::format("{:g} tokens{}", prompt, mode.name)
+                                        : fmt::format("{:g} x {:g} tokens{}", prompts, prompt, mode.name),
+                  .value = fmt::format("{:.0f} tok/s", number(r, "tok_s", where)),
+                  .fraction = number(r, "fraction_of_bf16_gemm", where)};
+      // The figures are one prompt of 1k or of 8k tokens.
+      if (prompts == 1 && (prompt == 1024 || prompt == 8192)) b.target = kPrefillTarget;
+      bars.push_back(b);
+    });
   }
   if (report.contains("mla_decode_kernel")) {
     const json& list = rows(report, "mla_decode_kernel", "the report");

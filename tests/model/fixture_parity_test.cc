@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "engine/sampler.h"
 #include "model/deepseek_v3.h"
 #include "test_util.h"
 
@@ -119,12 +120,9 @@ TEST_P(Fixture, CudaDecodeStepsMatchTransformers) {
     for (int64_t i = 0; i + 1 < n; ++i) {
       const std::vector<float> row = model->forward({ids[static_cast<size_t>(i)]}, cache, false);
       ASSERT_EQ(row.size(), static_cast<size_t>(V));
-      double top = row[0], z = 0;
-      for (float v : row) top = std::max(top, static_cast<double>(v));
-      for (float v : row) z += std::exp(static_cast<double>(v) - top);
-      const double lp =
-          static_cast<double>(row[static_cast<size_t>(ids[static_cast<size_t>(i + 1)])]) - top - std::log(z);
-      sum += std::fabs(lp - e["logprobs"][static_cast<size_t>(i + 1)].get<double>());
+      const std::vector<float> lp = log_softmax_row(row.data(), V);  // as `kiln score` does
+      sum += std::fabs(lp[static_cast<size_t>(ids[static_cast<size_t>(i + 1)])] -
+                       e["logprobs"][static_cast<size_t>(i + 1)].get<double>());
     }
     const double mean = sum / static_cast<double>(n - 1);
     std::printf("%s: decode steps, mean |dlogprob| %.5f (KV cache %s)\n", GetParam().c_str(), mean, dtype_name(kv));
