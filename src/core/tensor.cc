@@ -14,8 +14,11 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // Checked: a checkpoint's shape [2^62, 4] must not wrap to 0 elements and pass as empty.
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    KILN_CHECK(d >= 0 && !__builtin_mul_overflow(n, d, &n), "shape {} has a negative dimension or over 2^63 elements",
+               shape_str(s));
   return n;
 }
 

@@ -2,7 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -22,9 +25,13 @@ void read(const json& j, const char* key, T& out, const std::string& src) {
     if constexpr (std::is_same_v<T, bool>) {
       KILN_CHECK(it->is_boolean(), "expected a boolean");
     } else if constexpr (std::is_integral_v<T>) {
-      KILN_CHECK(
-          it->is_number_integer() || (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()),
-          "expected an integer");
+      // Whole floats are taken (some writers emit 2048.0); past T's range a conversion would be
+      // undefined, and 2^64 - 1 would read as -1.
+      const bool whole = it->is_number_float() && std::floor(it->get<double>()) == it->get<double>() &&
+                         std::fabs(it->get<double>()) < 0x1p62;
+      const bool in_range = it->is_number_integer() &&
+                            (!it->is_number_unsigned() || it->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX));
+      KILN_CHECK(in_range || whole, "expected an integer (within int64; written as a float, whole and below 2^62)");
     } else if constexpr (std::is_floating_point_v<T>) {
       KILN_CHECK(it->is_number(), "expected a number");
     }
@@ -36,6 +43,14 @@ void read(const json& j, const char* key, T& out, const std::string& src) {
 
 void require_positive(int64_t v, const char* key, const std::string& src) {
   KILN_CHECK(v > 0, "{}: field \"{}\" must be positive, got {}", src, key, v);
+}
+
+// A size field between 1 and max. The caps are far past any published model (DeepSeek-V3: hidden
+// 7,168, 61 layers, 256 experts; Kimi K2: 384 experts) and keep every shape product and parameter
+// sum inside int64, so a corrupt config fails here and not as an overflow or a huge allocation.
+void require_size(int64_t v, const char* key, const std::string& src, int64_t max) {
+  require_positive(v, key, src);
+  KILN_CHECK(v <= max, "{}: field \"{}\" is {}, past the supported maximum {}", src, key, v, max);
 }
 
 double yarn_get_mscale(double scale, double mscale) {
@@ -58,10 +73,13 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& src) {
   KILN_CHECK(r->is_object(), "{}: field \"{}\" must be an object", src, field);
   // A nested per-layer-type form ({"full_attention": {...}}) is not used by this family.
   std::string type = "default";
-  if (r->contains("rope_type"))
-    type = r->at("rope_type").get<std::string>();
-  else if (r->contains("type"))
-    type = r->at("type").get<std::string>();
+  for (const char* key : {"rope_type", "type"}) {
+    if (!r->contains(key)) continue;
+    KILN_CHECK(r->at(key).is_string(), "{}: field \"{}.{}\" must be a string, got {}", src, field, key,
+               r->at(key).dump());
+    type = r->at(key).get<std::string>();
+    break;
+  }
   KILN_CHECK(type == "default" || type == "yarn", "{}: field \"{}.rope_type\" is \"{}\"; supported: default, yarn", src,
              field, type);
   c.rope.type = type;
@@ -200,28 +218,38 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   read(j, "attention_bias", attention_bias, src);
   KILN_CHECK(!attention_bias, "{}: field \"attention_bias\" is true; supported: false", src);
 
-  require_positive(c.vocab_size, "vocab_size", src);
-  require_positive(c.hidden_size, "hidden_size", src);
-  require_positive(c.num_hidden_layers, "num_hidden_layers", src);
-  require_positive(c.num_attention_heads, "num_attention_heads", src);
-  require_positive(c.kv_lora_rank, "kv_lora_rank", src);
-  require_positive(c.qk_nope_head_dim, "qk_nope_head_dim", src);
-  require_positive(c.v_head_dim, "v_head_dim", src);
-  require_positive(c.max_position_embeddings, "max_position_embeddings", src);
-  KILN_CHECK(c.qk_rope_head_dim > 0 && c.qk_rope_head_dim % 2 == 0,
-             "{}: field \"qk_rope_head_dim\" must be positive and even, got {}", src, c.qk_rope_head_dim);
+  require_size(c.vocab_size, "vocab_size", src, int64_t{1} << 24);
+  require_size(c.hidden_size, "hidden_size", src, int64_t{1} << 17);
+  require_size(c.num_hidden_layers, "num_hidden_layers", src, 1024);
+  require_size(c.num_attention_heads, "num_attention_heads", src, 4096);
+  require_size(c.kv_lora_rank, "kv_lora_rank", src, int64_t{1} << 16);
+  require_size(c.qk_nope_head_dim, "qk_nope_head_dim", src, int64_t{1} << 14);
+  require_size(c.v_head_dim, "v_head_dim", src, int64_t{1} << 14);
+  require_size(c.max_position_embeddings, "max_position_embeddings", src, int64_t{1} << 30);
+  require_size(c.qk_rope_head_dim, "qk_rope_head_dim", src, int64_t{1} << 14);
+  KILN_CHECK(c.qk_rope_head_dim % 2 == 0, "{}: field \"qk_rope_head_dim\" must be even, got {}", src,
+             c.qk_rope_head_dim);
   KILN_CHECK(c.q_lora_rank >= 0, "{}: field \"q_lora_rank\" must be null or positive", src);
+  if (c.q_lora_rank > 0) require_size(c.q_lora_rank, "q_lora_rank", src, int64_t{1} << 16);
   KILN_CHECK(c.rms_norm_eps > 0, "{}: field \"rms_norm_eps\" must be positive", src);
   KILN_CHECK(c.first_k_dense_replace >= 0, "{}: field \"first_k_dense_replace\" must be >= 0", src);
-  KILN_CHECK(c.num_nextn_predict_layers >= 0, "{}: field \"num_nextn_predict_layers\" must be >= 0", src);
-  if (c.first_k_dense_replace > 0) require_positive(c.intermediate_size, "intermediate_size", src);
+  KILN_CHECK(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 64,
+             "{}: field \"num_nextn_predict_layers\" must be 0 to 64, got {}", src, c.num_nextn_predict_layers);
+  if (c.first_k_dense_replace > 0) require_size(c.intermediate_size, "intermediate_size", src, int64_t{1} << 20);
   if (c.first_k_dense_replace < c.num_hidden_layers) {
-    require_positive(c.n_routed_experts, "n_routed_experts", src);
-    require_positive(c.moe_intermediate_size, "moe_intermediate_size", src);
+    require_size(c.n_routed_experts, "n_routed_experts", src, 4096);
+    require_size(c.moe_intermediate_size, "moe_intermediate_size", src, int64_t{1} << 18);
     require_positive(c.num_experts_per_tok, "num_experts_per_tok", src);
     require_positive(c.n_group, "n_group", src);
     require_positive(c.topk_group, "topk_group", src);
-    KILN_CHECK(c.n_shared_experts >= 0, "{}: field \"n_shared_experts\" must be >= 0", src);
+    KILN_CHECK(c.n_shared_experts >= 0 && c.n_shared_experts <= 1024,
+               "{}: field \"n_shared_experts\" must be 0 to 1024, got {}", src, c.n_shared_experts);
+    // Every routed expert is its own tensors in the checkpoint (and in the weight layout).
+    const int64_t moe_layers =
+        c.num_hidden_layers + c.num_nextn_predict_layers - std::min(c.first_k_dense_replace, c.num_hidden_layers);
+    KILN_CHECK(moe_layers * c.n_routed_experts <= (int64_t{1} << 18),
+               "{}: {} MoE layers of {} routed experts are past the supported {} experts in all", src, moe_layers,
+               c.n_routed_experts, int64_t{1} << 18);
     KILN_CHECK(c.n_routed_experts % c.n_group == 0, "{}: field \"n_group\" ({}) must divide n_routed_experts ({})", src,
                c.n_group, c.n_routed_experts);
     KILN_CHECK(c.topk_group <= c.n_group, "{}: field \"topk_group\" ({}) exceeds n_group ({})", src, c.topk_group,
@@ -233,34 +261,55 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   }
 
   if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
+    KILN_CHECK(it->is_object(), "{}: field \"quantization_config\" must be an object", src);
+    const auto m = it->find("quant_method");
+    KILN_CHECK(m == it->end() || m->is_string(), "{}: field \"quantization_config.quant_method\" must be a string",
+               src);
     std::string method = it->value("quant_method", "");
     KILN_CHECK(method == "fp8", "{}: field \"quantization_config.quant_method\" is \"{}\"; supported: fp8", src,
                method);
     Fp8Quant q;
     if (auto b = it->find("weight_block_size"); b != it->end()) {
+      // Published FP8 checkpoints use 128 x 128; a cap keeps the scale grid's arithmetic in range.
+      auto block = [&](size_t i) {
+        const json& v = b->at(i);
+        KILN_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= 65536,
+                   "{}: field \"quantization_config.weight_block_size\" must be two integers 1 to 65536, got {}", src,
+                   b->dump());
+        return v.get<int64_t>();
+      };
       KILN_CHECK(b->is_array() && b->size() == 2, "{}: field \"quantization_config.weight_block_size\" must be [n, k]",
                  src);
-      q.block_n = b->at(0).get<int64_t>();
-      q.block_k = b->at(1).get<int64_t>();
-      KILN_CHECK(q.block_n > 0 && q.block_k > 0, "{}: field \"quantization_config.weight_block_size\" must be positive",
-                 src);
+      q.block_n = block(0);
+      q.block_k = block(1);
     }
+    const auto f = it->find("fmt");
+    KILN_CHECK(f == it->end() || f->is_string(), "{}: field \"quantization_config.fmt\" must be a string", src);
     std::string fmt_name = it->value("fmt", "e4m3");
     KILN_CHECK(fmt_name == "e4m3", "{}: field \"quantization_config.fmt\" is \"{}\"; supported: e4m3", src, fmt_name);
     c.fp8 = q;
   }
+  // Special token ids index the vocabulary.
+  auto token_id = [&](const json& v, const char* key) {
+    KILN_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.vocab_size,
+               "{}: field \"{}\" must hold token ids 0 to vocab_size - 1 ({}), got {}", src, key, c.vocab_size - 1,
+               v.dump());
+    return v.get<int64_t>();
+  };
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
     if (it->is_array()) {
-      for (auto& v : *it) c.eos_token_ids.push_back(v.get<int64_t>());
+      for (auto& v : *it) c.eos_token_ids.push_back(token_id(v, "eos_token_id"));
     } else {
-      c.eos_token_ids.push_back(it->get<int64_t>());
+      c.eos_token_ids.push_back(token_id(*it, "eos_token_id"));
     }
   }
-  if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) c.bos_token_id = it->get<int64_t>();
+  if (auto it = j.find("bos_token_id"); it != j.end() && !it->is_null()) c.bos_token_id = token_id(*it, "bos_token_id");
   return c;
 }
 
 ModelConfig load_model_config(const std::string& path) {
+  std::error_code ec;  // the throwing overload would escape as a filesystem_error (EACCES, ...)
+  KILN_CHECK(!std::filesystem::is_directory(path, ec), "config file {} is a directory", path);
   std::ifstream f(path);
   KILN_CHECK(f.good(), "cannot open config file {}", path);
   json j;

@@ -7,10 +7,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 
@@ -45,6 +48,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   KILN_CHECK(header.is_object(), "{}: corrupt header: not a JSON object", path);
   const size_t data_start = 8 + header_len, data_size = size_ - data_start;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;  // [begin, end) and tensor, for the layout check
   for (auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
     try {
@@ -54,21 +58,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       e.name = name;
       e.file = path;
       e.dtype = dtype_from_safetensors(info["dtype"].get<std::string>());
+      KILN_CHECK(info["shape"].is_array(), "shape must be an array, got {}", info["shape"].dump());
       for (auto& d : info["shape"]) {
         KILN_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "shape entries must be non-negative integers");
         e.shape.push_back(d.get<int64_t>());
       }
-      auto off = info["data_offsets"];
-      KILN_CHECK(off.is_array() && off.size() == 2, "data_offsets must be [begin, end]");
+      const json& off = info["data_offsets"];
+      KILN_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                 "data_offsets must be [begin, end], two non-negative integers");
       const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
       KILN_CHECK(b <= en, "data_offsets [{}, {}] are reversed", b, en);
       KILN_CHECK(en <= data_size, "data ends at byte {} but the file holds only {} data bytes (truncated file)", en,
                  data_size);
-      const size_t expect = static_cast<size_t>(shape_numel(e.shape)) * dtype_size(e.dtype);
+      size_t expect = 0;
+      KILN_CHECK(!__builtin_mul_overflow(static_cast<size_t>(shape_numel(e.shape)), dtype_size(e.dtype), &expect),
+                 "shape {} of {} needs over 2^64 bytes", shape_str(e.shape), dtype_name(e.dtype));
       KILN_CHECK(en - b == expect, "shape {} of {} needs {} bytes but data_offsets span {}", shape_str(e.shape),
                  dtype_name(e.dtype), expect, en - b);
       e.data = base + data_start + b;
       e.nbytes = expect;
+      spans.emplace_back(b, en, name);
       entries_.emplace(name, std::move(e));
     } catch (const Error& err) {
       fail("{}: tensor \"{}\": {}", path, name, err.what());
@@ -76,6 +85,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       fail("{}: tensor \"{}\": malformed header entry ({})", path, name, err.what());
     }
   }
+  // The data must be the tensors back to back, as the format requires: overlapping spans would load
+  // one tensor's bytes as another's, silently, and holes hide data no tensor names.
+  std::sort(spans.begin(), spans.end());
+  uint64_t at = 0;
+  for (const auto& [b, en, name] : spans) {
+    KILN_CHECK(b >= at, "{}: tensor \"{}\": data_offsets [{}, {}] overlap the tensor before it (which ends at {})",
+               path, name, b, en, at);
+    KILN_CHECK(b == at, "{}: tensor \"{}\": data_offsets [{}, {}] leave bytes [{}, {}) that no tensor holds", path,
+               name, b, en, at, b);
+    at = en;
+  }
+  KILN_CHECK(at == data_size, "{}: {} data bytes after the last tensor's (which ends at {}) that no tensor holds", path,
+             data_size - at, at);
 }
 
 SafetensorsFile::~SafetensorsFile() {

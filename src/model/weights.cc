@@ -17,8 +17,16 @@ namespace {
 
 constexpr const char* kScaleSuffix = "_scale_inv";
 
+// Weights and FP8 scales are floating point; an integer tensor in their place is a corrupt file.
+void require_float(const SafetensorsEntry& e) {
+  const DType t = e.dtype;
+  KILN_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16 || t == DType::F8E4M3,
+             "{}: tensor \"{}\" has dtype {}; weights are F32, BF16, F16 or F8_E4M3", e.file, e.name, dtype_name(t));
+}
+
 // Widens one checkpoint tensor to f32 on the host, dequantising FP8 blocks.
 std::vector<float> read_f32(const ModelConfig& c, const Checkpoint& ckpt, const SafetensorsEntry& e) {
+  require_float(e);
   std::vector<float> out(static_cast<size_t>(shape_numel(e.shape)));
   convert_to_f32(e.dtype, e.data, out.data(), out.size());
   if (e.dtype != DType::F8E4M3) return out;
@@ -29,9 +37,11 @@ std::vector<float> read_f32(const ModelConfig& c, const Checkpoint& ckpt, const 
              shape_str(e.shape));
   const int64_t bn = c.fp8 ? c.fp8->block_n : 128, bk = c.fp8 ? c.fp8->block_k : 128;
   const int64_t n = e.shape[0], k = e.shape[1];
-  const Shape want = {(n + bn - 1) / bn, (k + bk - 1) / bk};
+  auto blocks = [](int64_t len, int64_t block) { return len == 0 ? 0 : (len - 1) / block + 1; };  // no overflow
+  const Shape want = {blocks(n, bn), blocks(k, bk)};
   KILN_CHECK(s->shape == want, "{}: tensor \"{}\" has shape {} but {} x {} blocks of {} need {}", s->file, sname,
              shape_str(s->shape), bn, bk, shape_str(e.shape), shape_str(want));
+  require_float(*s);
   std::vector<float> scale(static_cast<size_t>(shape_numel(s->shape)));
   convert_to_f32(s->dtype, s->data, scale.data(), scale.size());
   for (int64_t i = 0; i < n; ++i)

@@ -2,8 +2,10 @@
 // and no crash (this suite also runs under ASan + UBSan).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "test_util.h"
 
@@ -39,6 +41,23 @@ class BadCheckpoint : public ::testing::Test {
     tensors_ = read_safetensors(src_ + "/model.safetensors");
   }
   void write() { write_safetensors(dir_ + "/model.safetensors", tensors_); }
+  // Writes the tensors, then rewrites the file's header through `edit` (data bytes kept, `extra`
+  // appended after them).
+  void write_edited(const std::function<void(json&)>& edit, const std::string& extra = "") {
+    write();
+    const std::string path = dir_ + "/model.safetensors";
+    std::ifstream in(path, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    std::memcpy(&n, all.data(), 8);
+    json h = json::parse(all.substr(8, n));
+    edit(h);
+    const std::string hs = h.dump(), data = all.substr(8 + n) + extra;
+    n = hs.size();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << hs << data;
+  }
   RunResult score() { return run_kiln("score --model " + dir_ + " --ids 1,2,3 --json"); }
   void expect_error(const RunResult& r, std::initializer_list<std::string> parts) {
     EXPECT_EQ(r.exit_code, 1) << r.out;  // an error exit, not a signal
@@ -102,6 +121,44 @@ TEST_F(BadCheckpoint, OffsetsDisagreeWithShape) {
   t["model.norm.weight"].bytes.resize(t["model.norm.weight"].bytes.size() - 4);
   write_safetensors(dir_ + "/model.safetensors", t);
   expect_error(score(), {"model.norm.weight", "needs", "bytes"});
+}
+
+// The data must be the tensors back to back, as the safetensors format requires: an aliased span
+// once loaded another tensor's bytes as a norm weight, silently.
+TEST_F(BadCheckpoint, OverlappingOrLooseDataIsRejected) {
+  write_edited([](json& h) {  // the norm's 192 bytes read from the start of the embedding's
+    const uint64_t b = h["model.embed_tokens.weight"]["data_offsets"][0];
+    h["model.norm.weight"]["data_offsets"] = {b, b + 192};
+  });
+  expect_error(score(), {"model.safetensors", "overlap"});
+  write_edited([](json&) {}, std::string(16, '\0'));
+  expect_error(score(), {"model.safetensors", "16 data bytes after the last tensor"});
+  write_edited([](json& h) {
+    auto& off = h["model.norm.weight"]["data_offsets"];
+    off[0] = off[0].get<double>() + 0.5;
+  });
+  expect_error(score(), {"model.norm.weight", "two non-negative integers"});
+}
+
+// A shape whose element count wraps int64 (2^62 x 4 -> 0) with 0 data bytes: once accepted as
+// empty, then a crash in the forward.
+TEST_F(BadCheckpoint, ShapePastInt64IsRejected) {
+  tensors_["model.norm.weight"] = {"F32", {int64_t{1} << 62, 4}, ""};
+  write();
+  expect_error(score(), {"model.norm.weight", "over 2^63 elements"});
+}
+
+TEST_F(BadCheckpoint, IntegerWeightNamesTheTensor) {
+  tensors_["model.norm.weight"] = {"I32", {96}, std::string(96 * 4, '\0')};  // the right shape, as integers
+  write();
+  expect_error(score(), {"model.norm.weight", "dtype I32", "weights are"});
+}
+
+TEST_F(BadCheckpoint, ConfigThatIsADirectory) {
+  write();
+  fs::remove(dir_ + "/config.json");
+  fs::create_directory(dir_ + "/config.json");
+  expect_error(score(), {"config.json", "is a directory"});
 }
 
 TEST_F(BadCheckpoint, UnknownDtype) {

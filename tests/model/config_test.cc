@@ -109,5 +109,49 @@ TEST(Config, UnsupportedValuesNameTheField) {
   EXPECT_NE(error_of(q).find("quantization_config.quant_method"), std::string::npos);
 }
 
+// Corrupt sizes fail naming the field, instead of wrapping a shape product (2^62 x 4 -> 0 elements,
+// which once loaded an "empty" embedding and crashed in the forward) or allocating without end.
+TEST(Config, SizesPastTheMaximumNameTheField) {
+  struct Case {
+    const char* field;
+    json value;
+    const char* says;
+  };
+  const int64_t huge = int64_t{1} << 62;
+  std::vector<Case> cases = {{"vocab_size", huge, "vocab_size"},
+                             {"hidden_size", huge, "hidden_size"},
+                             {"num_attention_heads", huge, "num_attention_heads"},
+                             {"num_hidden_layers", 30000000, "num_hidden_layers"},
+                             {"n_routed_experts", 1 << 20, "n_routed_experts"},
+                             {"num_nextn_predict_layers", 1000, "num_nextn_predict_layers"},
+                             {"kv_lora_rank", huge, "kv_lora_rank"},
+                             {"hidden_size", 1e30, "hidden_size"},                    // a float past int64
+                             {"hidden_size", UINT64_MAX, "hidden_size"},              // would read as -1
+                             {"eos_token_id", 163840, "eos_token_id"},                // = vocab_size
+                             {"eos_token_id", json::array({1, -1}), "eos_token_id"},  // negative
+                             {"bos_token_id", "<s>", "bos_token_id"},
+                             {"rope_scaling", {{"type", 3}}, "rope_scaling.type"},
+                             {"quantization_config", "fp8", "quantization_config"}};
+  for (const auto& c : cases) {
+    json j = kimi_k2();
+    j[c.field] = c.value;
+    const std::string err = error_of(j);
+    EXPECT_NE(err.find(c.says), std::string::npos) << c.field << " = " << c.value.dump() << ": " << err;
+  }
+  // 1,024 layers of 4,096 experts each pass one by one, not together (every expert is its own tensors).
+  json many = kimi_k2();
+  many["num_hidden_layers"] = 1024;
+  many["n_routed_experts"] = 4096;
+  EXPECT_NE(error_of(many).find("routed experts"), std::string::npos) << error_of(many);
+  for (const json& block : {json::array({int64_t{1} << 62, 128}), json::array({128, 1.5}), json::array({0, 128})}) {
+    json f = kimi_k2();
+    f["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", block}};
+    EXPECT_NE(error_of(f).find("weight_block_size"), std::string::npos) << block.dump() << ": " << error_of(f);
+  }
+  json whole = kimi_k2();
+  whole["hidden_size"] = 7168.0;  // whole floats stay accepted
+  EXPECT_EQ(error_of(whole), "");
+}
+
 }  // namespace
 }  // namespace kiln
