@@ -107,7 +107,11 @@ std::unique_ptr<BpeModel> BpeModel::from_tiktoken(std::vector<std::string> ranks
   m->byte_id_.fill(-1);
   for (int b = 0; b < 256; ++b) {
     char c = static_cast<char>(b);
-    if (const uint32_t* id = m->raw_to_id_.find(std::string_view(&c, 1))) m->byte_id_[static_cast<size_t>(b)] = *id;
+    const uint32_t* id = m->raw_to_id_.find(std::string_view(&c, 1));
+    // tiktoken looks single bytes up unconditionally (a missing one fails its encoder); without
+    // one, text holding that byte would lose it silently here.
+    KILN_CHECK(id, "tiktoken.model has no token for the byte 0x{:02X}: every byte needs one", b);
+    m->byte_id_[static_cast<size_t>(b)] = *id;
   }
   return m;
 }

@@ -116,8 +116,8 @@ Tokenizer Tokenizer::build_from_tiktoken(std::string_view model_text, const json
                "built in and used when the config names tokenization_kimi)");
     pattern = kimi_k2_pattern();
   }
-  impl->model = BpeModel::from_tiktoken(std::move(ranks));
   impl->pre_tokenizer = make_regex_pieces(pattern);
+  impl->model = BpeModel::from_tiktoken(std::move(ranks));
   impl->decoder = make_decoder(json{{"type", "ByteLevel"}});
   add_config_added_tokens(*impl);
   if (kimi_defaults) {

@@ -117,6 +117,20 @@ TEST(Jinja, UnsupportedSyntaxNamesTheLine) {
   EXPECT_THROW(render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}"), kiln::Error);  // output cap
 }
 
+// A template can arrive with a request: sizes it asks for are checked before anything is built
+// (these once wrapped past the check, or were never checked, and allocated until memory ran out).
+TEST(Jinja, HugeRepetitionsAndWidthsAreErrors) {
+  for (const char* t :
+       {"{{ 'abcd' * 4611686018427387904 }}", "{{ ([0] * 16000000) | length }}",
+        "{% set s = 'x' * 1000000 %}{{ ([s] * 100) | length }}", "{{ 'x'.ljust(100000000000) }}",
+        "{{ 'x'.center(100000000000) }}", "{{ '1'.zfill(1000000000000) }}", "{{ 'x' | center(1000000000000) }}",
+        "{{ 'a\nb' | indent(1000000000000) }}", "{{ 'a\nb' | indent(1000000000000, true) }}",
+        "{{ {'a': 1} | tojson(indent=1000000000000) }}", "{{ 'x'.ljust(5, 'ab') }}"})
+    EXPECT_THROW(render(t), kiln::Error) << t;
+  EXPECT_EQ(render("{{ [0] * 3 }}|{{ 'ab' * 2 }}|{{ 'x'.rjust(3, '-') }}|{{ 'a\nb' | indent(2) }}"),
+            "[0, 0, 0]|abab|--x|a\n  b");
+}
+
 TEST(Jinja, VariablesTransformersPasses) {
   ChatRequest req;
   EXPECT_EQ(ChatTemplate("{{ tools is none }}{{ documents is none }}{{ add_generation_prompt }}{{ messages|length }}")

@@ -96,6 +96,13 @@ TEST(Tiktoken, ParseErrorsNameTheLine) {
   // Fuzzer finding, kept as a regression: a split pattern that is not valid UTF-8 is an error.
   EXPECT_THROW(Tokenizer::from_tiktoken("IQ== 0\n", json{{"pat_str", "[\xFF\xFF]+"}}), kiln::Error);
   EXPECT_THROW(parse_tiktoken_ranks("IQ== 99999999\n"), kiln::Error);  // rank past the id limit
+  // A rank file without a token for every byte would drop those bytes from text silently.
+  try {
+    Tokenizer::from_tiktoken("IQ== 0\n", json{{"pat_str", "\\S+"}});
+    FAIL();
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no token for the byte 0x00"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Tiktoken, KimiPatternSplitsHanRuns) {

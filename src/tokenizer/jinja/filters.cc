@@ -106,9 +106,10 @@ Value sorted(const Value& v, const Args& a) {
 
 std::string indent(const std::string& s, const Args& a) {
   const Value* w = a.get("width", 0);
-  std::string unit = !w               ? "    "
-                     : w->is_string() ? w->s
-                                      : std::string(static_cast<size_t>(std::max<int64_t>(0, w->i)), ' ');
+  std::string unit = !w ? "    "
+                     : w->is_string()
+                         ? w->s
+                         : std::string(static_cast<size_t>(std::max<int64_t>(0, checked_width(w->i))), ' ');
   bool first = flag(a, "first", 1, false), blank = flag(a, "blank", 2, false);
   std::string with_nl = s;
   with_nl += '\n';  // Jinja's quirk so that splitlines keeps a trailing empty line's effect
@@ -118,6 +119,7 @@ std::string indent(const std::string& s, const Args& a) {
     if (k) {
       rv += '\n';
       if (blank || !lines[k].empty()) rv += unit;
+      KILN_CHECK(rv.size() <= kMaxTemplateString, "indent result exceeds {} bytes", kMaxTemplateString);
     }
     rv += lines[k];
   }
@@ -150,7 +152,8 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, con
     JsonOptions o;
     o.ensure_ascii = flag(a, "ensure_ascii", 0, false);
     if (const Value* ind = opt(a, "indent", 1))
-      o.indent = ind->is_string() ? ind->s : std::string(static_cast<size_t>(std::max<int64_t>(0, ind->i)), ' ');
+      o.indent = ind->is_string() ? ind->s
+                                  : std::string(static_cast<size_t>(std::max<int64_t>(0, checked_width(ind->i))), ' ');
     if (const Value* sep = opt(a, "separators", 2)) {
       KILN_CHECK(sep->is_list() && sep->list->items.size() == 2, "tojson separators must be a pair");
       o.item_sep = py_str(sep->list->items[0]);
@@ -351,7 +354,7 @@ Value apply_filter(Interpreter& in, const std::string& name, const Value& v, con
   }
   if (name == "center") {
     int64_t width = 80;
-    if (const Value* w = opt(a, "width", 0)) width = w->i;
+    if (const Value* w = opt(a, "width", 0)) width = checked_width(w->i);
     std::string s = py_str(v);
     int64_t n = static_cast<int64_t>(tok::count_code_points(s));
     if (width <= n) return Value::string(s);

@@ -9,11 +9,11 @@ namespace kiln::jinja {
 
 namespace {
 
-// Limits that turn a runaway template (a template can arrive with a request) into an error rather
+// Limits that turn a runaway template (a model's files are untrusted input) into an error rather
 // than a hung or crashed server. Real chat templates stay orders of magnitude below them.
-constexpr int kMaxDepth = 200;             // macro recursion
-constexpr uint64_t kMaxSteps = 1'000'000;  // statements executed + loop iterations
-constexpr size_t kMaxString = 16u << 20;   // any string the template builds, and the output
+constexpr int kMaxDepth = 200;                     // macro recursion
+constexpr uint64_t kMaxSteps = 1'000'000;          // statements executed + loop iterations
+constexpr size_t kMaxString = kMaxTemplateString;  // any string the template builds, and the output
 
 std::string check_size(std::string s) {
   KILN_CHECK(s.size() <= kMaxString, "template output or string exceeds {} bytes", kMaxString);
@@ -46,6 +46,12 @@ int64_t mul(int64_t a, int64_t b) {
 }
 
 }  // namespace
+
+int64_t checked_width(int64_t width) {
+  KILN_CHECK(width <= static_cast<int64_t>(kMaxString), "width {} is past the {}-byte limit on template strings", width,
+             kMaxString);
+  return width;
+}
 
 std::string Interpreter::render(const std::vector<std::pair<std::string, Value>>& vars) {
   auto globals = std::make_shared<Frame>();
@@ -235,9 +241,18 @@ Value Interpreter::eval_binop(const std::string& op, const Value& a, const Value
     const Value* n = seq == &a ? &b : &a;
     if ((seq->is_string() || seq->is_list()) && n->is_number() && n->type != Value::Type::Float) {
       int64_t times = std::max<int64_t>(0, as_int(*n));
-      KILN_CHECK(times * static_cast<int64_t>(seq->is_string() ? seq->s.size() : seq->list->items.size()) <=
-                     static_cast<int64_t>(kMaxString),
-                 "repetition result is too large");
+      if (seq->is_string() && seq->s.empty()) return Value::string("");  // any count of nothing
+      if (seq->is_list() && seq->list->items.empty()) return Value::make_list({}, seq->list->tuple);
+      // Bytes the copies take: a list item is a Value (nested lists and dicts are shared, strings
+      // are copied). Checked, so that a huge count cannot wrap to a small product.
+      int64_t unit = static_cast<int64_t>(seq->s.size());
+      if (seq->is_list()) {
+        unit = 0;
+        for (const Value& v : seq->list->items) unit += static_cast<int64_t>(sizeof(Value) + v.s.size());
+      }
+      int64_t bytes = 0;
+      KILN_CHECK(!__builtin_mul_overflow(times, unit, &bytes) && bytes <= static_cast<int64_t>(kMaxString),
+                 "repetition result is too large (over {} bytes)", kMaxString);
       if (seq->is_string()) {
         std::string s;
         for (int64_t k = 0; k < times; ++k) s += seq->s;

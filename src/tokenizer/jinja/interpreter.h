@@ -14,6 +14,9 @@
 
 namespace kiln::jinja {
 
+// A width a template asks a string to be padded or indented to, checked against kMaxTemplateString.
+int64_t checked_width(int64_t width);
+
 class Interpreter {
  public:
   explicit Interpreter(std::shared_ptr<const Template> t) : tmpl_(std::move(t)) {}

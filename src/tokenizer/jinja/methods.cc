@@ -231,7 +231,7 @@ Value string_method(const std::string& s, const std::string& name) {
     };
   } else if (name == "zfill" || name == "center" || name == "ljust" || name == "rjust") {
     f = [s, name](const Args& a) {
-      int64_t width = int_arg(a, "width", 0, 0);
+      int64_t width = checked_width(int_arg(a, "width", 0, 0));
       if (name == "zfill") {
         size_t sign = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
         int64_t n = static_cast<int64_t>(tok::count_code_points(s));
@@ -240,6 +240,7 @@ Value string_method(const std::string& s, const std::string& name) {
       }
       const Value* fill = arg(a, "fillchar", 1);
       std::string fc = fill ? fill->s : " ";
+      KILN_CHECK(tok::count_code_points(fc) == 1, "{}: the fill character must be exactly one character long", name);
       return Value::string(pad(s, width, fc, name == "center" ? 0 : name == "ljust" ? -1 : 1));
     };
   } else if (name == "partition" || name == "rpartition") {

@@ -380,6 +380,8 @@ void dump(std::string& out, const Value& v, const JsonOptions& o, int level) {
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += *o.indent;
+    // A wide indent is written once per line and level: bound the whole, not the indent alone.
+    KILN_CHECK(out.size() <= kMaxTemplateString, "tojson result exceeds {} bytes", kMaxTemplateString);
   };
   switch (v.type) {
     case Value::Type::None: out += "null"; return;

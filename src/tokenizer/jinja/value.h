@@ -15,6 +15,11 @@
 
 namespace kiln::jinja {
 
+// The longest string a template may build, its output included, in bytes: a runaway template (a
+// model's files are untrusted input) fails instead of exhausting memory. Real chat templates stay
+// orders of magnitude below it.
+inline constexpr size_t kMaxTemplateString = 16u << 20;
+
 struct Value;
 class Interpreter;
 
