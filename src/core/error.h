@@ -13,10 +13,13 @@ namespace kiln {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what, std::source_location loc = std::source_location::current())
-      : std::runtime_error(what), loc_(loc) {}
+      : std::runtime_error(what), message_(what), loc_(loc) {}
   const std::source_location& where() const { return loc_; }
+  // The whole message: what() stops at a NUL byte, which text from a request or a file may hold.
+  const std::string& message() const { return message_; }
 
  private:
+  std::string message_;
   std::source_location loc_;
 };
 

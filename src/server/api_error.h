@@ -11,13 +11,15 @@
 namespace kiln::server {
 
 struct ApiError : std::runtime_error {
-  ApiError(int status_, std::string message, std::string param_ = {}, std::string type_ = {}, std::string code_ = {})
-      : std::runtime_error(message),
+  ApiError(int status_, std::string message_, std::string param_ = {}, std::string type_ = {}, std::string code_ = {})
+      : std::runtime_error(message_),
         status(status_),
+        message(std::move(message_)),
         param(std::move(param_)),
         type(std::move(type_)),
         code(std::move(code_)) {}
   int status;
+  std::string message;  // what(), whole: a client's text may hold NUL bytes, which what() stops at
   std::string param, type, code;
 };
 
@@ -27,7 +29,7 @@ const char* error_type_for(int status);
 nlohmann::json error_body(int status, const std::string& message, const std::string& param = {},
                           const std::string& type = {}, const std::string& code = {});
 inline nlohmann::json error_body(const ApiError& e) {
-  return error_body(e.status, e.what(), e.param, e.type, e.code);
+  return error_body(e.status, e.message, e.param, e.type, e.code);
 }
 
 }  // namespace kiln::server

@@ -49,9 +49,7 @@ std::shared_ptr<const ToolCallGrammar> Server::tool_grammar(const ParsedRequest&
                                "(start it with --tool-call-parser deepseek_v3 or kimi_k2)",
                                p.tool_choice == "function" ? p.tool_choice_name : p.tool_choice),
                    "tool_choice");
-  std::vector<int32_t> ends = engine_.eos_ids();
-  if (auto e = tok_.eos_id()) ends.push_back(static_cast<int32_t>(*e));
-  std::call_once(vocab_once_, [&] { vocab_ = token_vocab(tok_, ends); });
+  vocab();
   std::vector<ToolSpec> tools;
   for (const auto& t : p.tools) {
     const auto& f = t["function"];
@@ -70,7 +68,18 @@ std::shared_ptr<const ToolCallGrammar> Server::tool_grammar(const ParsedRequest&
                 ? ToolCallStyle::DeepSeekV31
                 : ToolCallStyle::DeepSeekV3;
   }
-  return std::make_shared<ToolCallGrammar>(vocab_, style, tools, std::move(ends));
+  return std::make_shared<ToolCallGrammar>(vocab_, style, tools, end_ids());
+}
+
+std::vector<int32_t> Server::end_ids() const {
+  std::vector<int32_t> ends = engine_.eos_ids();
+  if (auto e = tok_.eos_id()) ends.push_back(static_cast<int32_t>(*e));
+  return ends;
+}
+
+const TokenVocab& Server::vocab() {
+  std::call_once(vocab_once_, [&] { vocab_ = token_vocab(tok_, end_ids()); });
+  return *vocab_;
 }
 
 std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
@@ -106,7 +115,8 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
     } catch (const Error& e) {
       // Clients send an assistant tool-call message back with content null, which templates that
       // concatenate content (kiln-tiny's) cannot render; such a template gets "" instead.
-      const ApiError failed(400, fmt::format("the chat template failed on these messages: {}", e.what()), "messages");
+      const ApiError failed(400, fmt::format("the chat template failed on these messages: {}", e.message()),
+                            "messages");
       bool nulls = false;
       for (auto& m : cr.messages)
         if (m.contains("content") && m["content"].is_null()) m["content"] = "", nulls = true;
@@ -150,7 +160,7 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
   try {
     p.sampling.validate(cfg_.limits.vocab_size);
   } catch (const Error& e) {
-    throw ApiError(400, e.what());
+    throw ApiError(400, e.message());
   }
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -186,25 +196,24 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
         job->choices.back().engine_id = id;
         job->choices.back().prompt = i;
       } catch (const Error& e) {
-        throw ApiError(draining_ ? 503 : 400, e.what());
+        throw ApiError(draining_ ? 503 : 400, e.message());
       }
     }
   }
   return job;
 }
 
-void Server::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::handle_generate(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                             bool chat) {
   const auto fail = [&](const ApiError& e) {
     res.status = e.status;
     res.set_content(dump(error_body(e)) + "\n", "application/json");
   };
   try {
+    // Read first, whatever the answer: an unread body would be taken for the connection's next request.
+    const std::string text = read_body(req, res, reader);
     if (!authorized(req, res)) return;
-    const std::string ct = req.get_header_value("Content-Type");
-    if (ct.find("application/json") == std::string::npos)
-      throw ApiError(415, fmt::format("Content-Type must be application/json, got '{}'", ct), "", "",
-                     "unsupported_media_type");
-    const json body = parse_json_body(req.body);
+    const json body = parse_json_body(text);
     const ParsedRequest p = chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);
     auto job = start_job(p);
     if (p.stream)
@@ -214,7 +223,7 @@ void Server::handle_generate(const httplib::Request& req, httplib::Response& res
   } catch (const ApiError& e) {
     fail(e);
   } catch (const Error& e) {
-    fail(ApiError(400, e.what()));
+    fail(ApiError(400, e.message()));
   } catch (const json::exception& e) {
     fail(ApiError(400, fmt::format("invalid request: {}", e.what())));
   }

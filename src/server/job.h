@@ -72,12 +72,24 @@ struct Server::Job {
 
 namespace response {
 
+// What logprobs report of a token: its text decoded alone ("token"; U+FFFD where it holds part of
+// a character) and the bytes it stands for (chat "bytes", and the legacy text_offset, which counts
+// them, so that a character split over tokens is counted once).
+struct TokenText {
+  const tok::Tokenizer& tok;
+  const TokenVocab& vocab;
+  std::string text(int32_t id) const { return tok.decode(std::vector<uint32_t>{static_cast<uint32_t>(id)}); }
+  std::string bytes(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < vocab.size() ? vocab.bytes(id) : std::string();
+  }
+};
+
 std::string dump(const nlohmann::json& j);
-nlohmann::json chat_logprobs(const tok::Tokenizer& t, const OutputChunk& c);
+nlohmann::json chat_logprobs(const TokenText& t, const OutputChunk& c);
 // The legacy completions arrays for the generated tokens, text_offset counting from `offset`.
-nlohmann::json completion_logprobs(const tok::Tokenizer& t, const OutputChunk& c, size_t offset);
+nlohmann::json completion_logprobs(const TokenText& t, const OutputChunk& c, size_t offset);
 // echo + logprobs: the prompt's tokens from offset 0 (the first with null), then those of `c`.
-nlohmann::json echo_logprobs(const tok::Tokenizer& t, const std::vector<int32_t>& prompt, const OutputChunk& p,
+nlohmann::json echo_logprobs(const TokenText& t, const std::vector<int32_t>& prompt, const OutputChunk& p,
                              bool alternatives, const OutputChunk* c, size_t completion_offset);
 const char* finish_name(const std::optional<FinishReason>& f, int tool_calls);
 nlohmann::json tool_call_json(const ParsedToolCall& c, int index);

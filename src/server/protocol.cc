@@ -226,7 +226,18 @@ void parse_tools(const json& b, ParsedRequest& r) {
 }  // namespace
 
 json parse_json_body(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  // nlohmann parses any depth without recursion, but printing a value back (error messages, the
+  // tools and messages handed on) recurses: 60,000 nested arrays in a 120 KB body once overflowed a
+  // worker thread's stack and took the whole server down.
+  static constexpr int kMaxDepth = 128;
+  const auto depth_limit = [](int depth, json::parse_event_t event, json&) {
+    // depth counts the containers around this one: the 128th level nested is at 127.
+    if (depth >= kMaxDepth && (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start))
+      throw ApiError(400, fmt::format("the request body nests deeper than {} levels", kMaxDepth), "", "",
+                     "invalid_json");
+    return true;
+  };
+  json j = json::parse(body, depth_limit, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "", "invalid_json");
   return j;
 }

@@ -19,12 +19,11 @@ std::string dump(const json& j) {
 namespace {
 
 // One token's logprob entry in the chat format.
-json chat_logprob(const tok::Tokenizer& t, int32_t id, float lp, const std::vector<TokenLogprob>* top) {
+json chat_logprob(const TokenText& t, int32_t id, float lp, const std::vector<TokenLogprob>* top) {
   auto entry = [&](int32_t tid, float l) {
-    const std::string s = t.decode(std::vector<uint32_t>{static_cast<uint32_t>(tid)});
     json bytes = json::array();
-    for (unsigned char ch : s) bytes.push_back(static_cast<int>(ch));
-    return json{{"token", s}, {"logprob", l}, {"bytes", bytes}};
+    for (unsigned char ch : t.bytes(tid)) bytes.push_back(static_cast<int>(ch));
+    return json{{"token", t.text(tid)}, {"logprob", l}, {"bytes", bytes}};
   };
   json e = entry(id, lp);
   e["top_logprobs"] = json::array();
@@ -38,15 +37,14 @@ struct LegacyLogprobs {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   size_t offset = 0;
   // `lp` null: the first prompt token (nothing predicts it). `top` null: no alternatives asked.
-  void add(const tok::Tokenizer& t, int32_t id, json lp, const std::vector<TokenLogprob>* top) {
-    const std::string s = t.decode(std::vector<uint32_t>{static_cast<uint32_t>(id)});
-    tokens.push_back(s);
+  void add(const TokenText& t, int32_t id, json lp, const std::vector<TokenLogprob>* top) {
+    tokens.push_back(t.text(id));
     lps.push_back(std::move(lp));
     offs.push_back(offset);
-    offset += s.size();
+    offset += t.bytes(id).size();
     json alts = json::object();
     if (top)
-      for (const auto& x : *top) alts[t.decode(std::vector<uint32_t>{static_cast<uint32_t>(x.token)})] = x.logprob;
+      for (const auto& x : *top) alts[t.text(x.token)] = x.logprob;
     tops.push_back(top ? alts : json(nullptr));
   }
   json to_json() const {
@@ -56,14 +54,14 @@ struct LegacyLogprobs {
 
 }  // namespace
 
-json chat_logprobs(const tok::Tokenizer& t, const OutputChunk& c) {
+json chat_logprobs(const TokenText& t, const OutputChunk& c) {
   json content = json::array();
   for (size_t i = 0; i < c.logprobs.size() && i < c.token_ids.size(); ++i)
     content.push_back(chat_logprob(t, c.token_ids[i], c.logprobs[i], i < c.top.size() ? &c.top[i] : nullptr));
   return {{"content", content}};
 }
 
-json completion_logprobs(const tok::Tokenizer& t, const OutputChunk& c, size_t offset) {
+json completion_logprobs(const TokenText& t, const OutputChunk& c, size_t offset) {
   LegacyLogprobs out;
   out.offset = offset;
   for (size_t i = 0; i < c.logprobs.size() && i < c.token_ids.size(); ++i)
@@ -72,7 +70,7 @@ json completion_logprobs(const tok::Tokenizer& t, const OutputChunk& c, size_t o
 }
 
 // The first prompt token has a null logprob, as OpenAI and vLLM report it.
-json echo_logprobs(const tok::Tokenizer& t, const std::vector<int32_t>& prompt, const OutputChunk& p, bool alternatives,
+json echo_logprobs(const TokenText& t, const std::vector<int32_t>& prompt, const OutputChunk& p, bool alternatives,
                    const OutputChunk* c, size_t completion_offset) {
   LegacyLogprobs out;
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -136,17 +134,17 @@ json Server::json_body(Job& job) {
         if (d.content.empty()) msg["content"] = nullptr;
       }
       choice["message"] = msg;
-      choice["logprobs"] = job.logprobs ? chat_logprobs(tok_, c.all) : json(nullptr);
+      choice["logprobs"] = job.logprobs ? chat_logprobs(TokenText{tok_, vocab()}, c.all) : json(nullptr);
     } else {
       const std::string prefix = job.echo ? job.prompt_texts[c.prompt] : "";
       choice["text"] = prefix + d.content;
       if (!job.logprobs)
         choice["logprobs"] = nullptr;
       else if (job.echo)
-        choice["logprobs"] =
-            echo_logprobs(tok_, job.prompts[c.prompt], c.all, job.top_logprobs > 0, &c.all, prefix.size());
+        choice["logprobs"] = echo_logprobs(TokenText{tok_, vocab()}, job.prompts[c.prompt], c.all, job.top_logprobs > 0,
+                                           &c.all, prefix.size());
       else
-        choice["logprobs"] = completion_logprobs(tok_, c.all, 0);
+        choice["logprobs"] = completion_logprobs(TokenText{tok_, vocab()}, c.all, 0);
     }
     choices.push_back(choice);
   }
@@ -267,7 +265,7 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& 
         if (c.all.prompt_logprobs.size() + 1 >= prompt.size() || chunk->finish) {
           c.echo_pending = false;
           const std::string& text = job->prompt_texts[c.prompt];
-          json lp = echo_logprobs(tok_, prompt, c.all, job->top_logprobs > 0, nullptr, 0);
+          json lp = echo_logprobs(TokenText{tok_, vocab()}, prompt, c.all, job->top_logprobs > 0, nullptr, 0);
           c.text_offset = text.size();
           if (!event(chunk_json({{"index", k}, {"text", text}, {"logprobs", lp}, {"finish_reason", nullptr}})))
             return false;
@@ -281,10 +279,12 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& 
       ParsedDelta d = c.parser.feed(chunk->text);
       if (chunk->finish) d.append(c.parser.finish());
       json lp = job->logprobs && !chunk->logprobs.empty()
-                    ? (job->chat ? chat_logprobs(tok_, *chunk) : completion_logprobs(tok_, *chunk, c.text_offset))
+                    ? (job->chat ? chat_logprobs(TokenText{tok_, vocab()}, *chunk)
+                                 : completion_logprobs(TokenText{tok_, vocab()}, *chunk, c.text_offset))
                     : json(nullptr);
       if (!job->chat && lp.is_object())
-        for (const auto& t : lp["tokens"]) c.text_offset += t.get<std::string>().size();
+        for (size_t i = 0; i < chunk->logprobs.size() && i < chunk->token_ids.size(); ++i)
+          c.text_offset += TokenText{tok_, vocab()}.bytes(chunk->token_ids[i]).size();
       if (job->chat) {
         if (!d.content.empty() || !d.reasoning.empty() || !lp.is_null()) {
           json delta = {{"content", d.content}};

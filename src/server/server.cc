@@ -6,6 +6,10 @@
 #include <fmt/format.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
+#include <set>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -31,7 +35,56 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// How far past the limit an over-limit body is still read, and dropped, so that the connection's
+// next request starts where it should: httplib 0.11 keeps a connection open whatever the handler
+// answers, so unread body bytes would be parsed as requests. Past this the client is abusive and
+// reading stops (what follows is then answered as malformed requests).
+constexpr size_t kDrainFactor = 8;
+
+struct BodyRead {
+  std::string body;       // empty when over the limit
+  bool over = false;      // past the limit: read on and dropped
+  bool complete = false;  // read to its end
+};
+
+// Reads a request's body through httplib's reader, whatever its framing: httplib 0.11 bounds only a
+// Content-Length body by set_payload_max_length, and buffered a chunked one whole.
+BodyRead drain_body(const httplib::Request& req, const httplib::ContentReader& reader, size_t limit) {
+  BodyRead r;
+  size_t seen = 0;
+  auto take = [&](const char* data, size_t n) {
+    seen += n;
+    if (!r.over && r.body.size() + n <= limit) {
+      r.body.append(data, n);
+      return true;
+    }
+    if (!r.over) std::string().swap(r.body);
+    r.over = true;
+    return seen <= kDrainFactor * limit;
+  };
+  // A multipart body goes through httplib's multipart reader only (the plain one would call an
+  // empty callback); its parts are dropped the same way.
+  r.complete = req.is_multipart_form_data() ? reader([](const httplib::MultipartFormData&) { return true; }, take)
+                                            : reader(take);
+  return r;
+}
+
 }  // namespace
+
+std::string Server::read_body(const httplib::Request& req, httplib::Response& res,
+                              const httplib::ContentReader& reader) const {
+  BodyRead r = drain_body(req, reader, cfg_.max_body_bytes);
+  // httplib answers a Content-Length past set_payload_max_length with 413 itself (and skips it).
+  if (r.over || res.status == 413)
+    throw ApiError(413,
+                   fmt::format("the request body is larger than the server's limit of {} bytes", cfg_.max_body_bytes));
+  if (!r.complete) throw ApiError(400, "the request body could not be read");
+  const std::string ct = req.get_header_value("Content-Type");
+  if (ct.find("application/json") == std::string::npos || req.is_multipart_form_data())
+    throw ApiError(415, fmt::format("Content-Type must be application/json, got '{}'", ct), "", "",
+                   "unsupported_media_type");
+  return std::move(r.body);
+}
 
 Server::Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<tok::ChatTemplate> chat_template,
                ServerConfig cfg)
@@ -114,10 +167,11 @@ void Server::job_finished() {
 bool Server::authorized(const httplib::Request& req, httplib::Response& res) const {
   if (cfg_.api_key.empty()) return true;
   const std::string h = req.get_header_value("Authorization");
-  const std::string prefix = "Bearer ";
-  if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 &&
-      same_secret(h.substr(prefix.size()), cfg_.api_key))
-    return true;
+  const std::string prefix = "bearer ";  // the scheme is case-insensitive (RFC 9110 11.1)
+  auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
+  const bool bearer = h.size() > prefix.size() && std::equal(prefix.begin(), prefix.end(), h.begin(),
+                                                             [&](char a, char b) { return a == lower(b); });
+  if (bearer && same_secret(h.substr(prefix.size()), cfg_.api_key)) return true;
   send_error(res, ApiError(401, h.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "invalid API key",
                            "", "authentication_error", "invalid_api_key"));
   return false;
@@ -150,16 +204,32 @@ void Server::routes() {
     if (!authorized(req, res)) return;
     res.set_content(metrics_.render(engine_.stats(), cfg_.model_name), "text/plain; version=0.0.4");
   });
-  s.Post("/v1/chat/completions",
-         [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, true); });
-  s.Post("/v1/completions",
-         [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, false); });
+  // These read their bodies themselves (Server::read_body): httplib 0.11 bounds only bodies with a
+  // Content-Length by set_payload_max_length, and a chunked one once grew without end. So does
+  // every other request that may carry a body (below).
+  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& body) { handle_generate(req, res, body, true); });
+  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                   const httplib::ContentReader& body) { handle_generate(req, res, body, false); });
   // The wrong method on a known path is 405, not 404.
   auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
     send_error(res, ApiError(405, fmt::format("{} is not allowed on {}", req.method, req.path)));
   };
   for (const char* p : {"/v1/chat/completions", "/v1/completions"}) s.Get(p, not_allowed);
-  for (const char* p : {"/v1/models", "/health", "/metrics"}) s.Post(p, not_allowed);
+  // Any other POST, PUT, PATCH or DELETE: its body read (bounded, dropped), then 405 on a known path
+  // and 404 elsewhere.
+  auto no_route = [this, not_allowed](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
+    drain_body(req, reader, cfg_.max_body_bytes);
+    static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                                "/metrics"};
+    if (known.count(req.path) || req.path.rfind("/v1/models/", 0) == 0) return not_allowed(req, res);
+    send_error(res, ApiError(404, fmt::format("no route for {} {}", req.method, req.path)));
+  };
+  s.Post(".*", no_route);
+  s.Put(".*", no_route);
+  s.Patch(".*", no_route);
+  s.Delete(".*", no_route);
 
   // httplib answers some errors itself (unknown path, 413 body too large, unparseable HTTP):
   // give them the OpenAI body too.

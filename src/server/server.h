@@ -29,6 +29,7 @@ namespace httplib {
 class Server;
 struct Request;
 struct Response;
+class ContentReader;
 }  // namespace httplib
 
 namespace kiln::server {
@@ -71,7 +72,10 @@ class Server {
   struct Job;  // one generation request (generate.cc)
   void routes();
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_generate(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& body,
+                       bool chat);
+  // The request body, at most cfg_.max_body_bytes however it is framed (throws ApiError 413/415).
+  std::string read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& body) const;
   std::shared_ptr<Job> start_job(const ParsedRequest& p);
   void respond_json(const std::shared_ptr<Job>& job, httplib::Response& res);
   nlohmann::json json_body(Job& job);  // the finished job's response (or an error body)
@@ -79,6 +83,9 @@ class Server {
   void job_finished();
   // tool_choice "required" / a named function: the grammar its choices must follow (null: none).
   std::shared_ptr<const ToolCallGrammar> tool_grammar(const ParsedRequest& p);
+  // Every token's bytes (built on first use) and the ids that end generation, its units.
+  const TokenVocab& vocab();
+  std::vector<int32_t> end_ids() const;
   void cancel_job(Job& job);
 
   Engine& engine_;

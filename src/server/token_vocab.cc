@@ -98,7 +98,8 @@ std::shared_ptr<const TokenVocab> token_vocab(const tok::Tokenizer& t, const std
   for (int32_t id : end_ids)
     if (id >= 0 && static_cast<size_t>(id) < n) unit[static_cast<size_t>(id)] = 1;
   if (!is_byte_level)
-    spdlog::warn("tool-call constraints: the vocabulary is not byte-level; token bytes are approximate");
+    spdlog::warn(
+        "the vocabulary is not byte-level: the bytes of tokens (tool-call constraints, logprobs) are approximate");
   return std::make_shared<TokenVocab>(std::move(bytes), std::move(unit));
 }
 

@@ -1,6 +1,47 @@
 // The bad-input suite: each malformed or invalid request gets the documented status and an
 // OpenAI-style error body naming the parameter; the server still answers a valid request after.
 import assert from "node:assert/strict";
+import net from "node:net";
+
+// A body sent in chunks (no Content-Length), 9 MB against the default 8 MB limit, then, once it
+// is answered, a second request on the same connection: 413, then that request's own answer.
+// httplib bounded only Content-Length bodies (a chunked one grew the server without end), and a
+// body left unread would be parsed as the connection's next requests. (The second request waits
+// for the first answer: httplib 0.11 does not serve pipelined requests.)
+function chunkedBodyOverLimit(base) {
+  return new Promise((resolve, reject) => {
+    const { hostname, port } = new URL(base);
+    const parts = ["POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+      "Transfer-Encoding: chunked\r\n\r\n"];
+    const piece = "x".repeat(1 << 20);
+    for (let i = 0; i < 9; i++) parts.push(`${piece.length.toString(16)}\r\n${piece}\r\n`);
+    parts.push("0\r\n\r\n");
+    const sock = net.connect(Number(port), hostname, () => sock.write(parts.join("")));
+    let text = "", asked = false;
+    const done = (err) => {
+      clearTimeout(timer);
+      sock.destroy();
+      err ? reject(err) : resolve();
+    };
+    const timer = setTimeout(() => done(new Error(`chunked body: no two answers in 30 s: ${text.slice(0, 300)}`)), 30000);
+    sock.on("data", (d) => {
+      text += d;
+      if (!asked && text.includes("limit of")) {
+        asked = true;  // the 413's body has arrived: the next request on the same connection
+        sock.write("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+      }
+      if (!text.includes('{"status":"ok"}')) return;
+      try {
+        const statuses = [...text.matchAll(/^HTTP\/1\.1 (\d+)/gm)].map((m) => m[1]);
+        assert.deepEqual(statuses, ["413", "200"], text.slice(0, 600));
+        done();
+      } catch (e) {
+        done(e);
+      }
+    });
+    sock.on("error", done);
+  });
+}
 
 export async function bad(base, model) {
   const chat = (extra) => JSON.stringify({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 2, ...extra });
@@ -82,8 +123,15 @@ export async function bad(base, model) {
     ["suffix", P, comp({ suffix: "x" }), 400, "suffix"],
     ["stop_token_ids out of vocabulary", P, comp({ stop_token_ids: [123456789] }), 400, "stop_token_ids"],
     ["body over the size limit", P, comp({ prompt: "x".repeat(9 << 20) }), 413],
+    // Printing a value back recursed once per level: 60,000 levels took the server down.
+    ["deeply nested max_tokens", C, chat({}).replace('"max_tokens":2', `"max_tokens":${"[".repeat(60000)}${"]".repeat(60000)}`), 400],
+    ["deeply nested prompt", P, comp({}).replace('"prompt":"hi"', `"prompt":[${"[".repeat(60000)}${"]".repeat(60000)}]`), 400],
+    ["deeply nested unknown field", C, chat({}).replace('{', `{"x":${"[".repeat(200)}${"]".repeat(200)},`), 400],
+    ["multipart body", C, "--b\r\n\r\nx\r\n--b--\r\n", 415, undefined, { ct: "multipart/form-data; boundary=b" }],
     ["unknown path", "/v1/embeddings", comp({}), 404],
     ["wrong method", C, null, 405, undefined, { method: "GET" }],
+    ["PUT on a generation path", C, null, 405, undefined, { method: "PUT" }],
+    ["POST on /health", "/health", "{}", 405],
     ["unknown model route", "/v1/models/nope", null, 404, "model", { method: "GET" }],
   ];
   assert.ok(cases.length >= 40);
@@ -104,6 +152,12 @@ export async function bad(base, model) {
     console.log(`ok   ${status} ${name}`);
   }
   console.log(`${cases.length} bad inputs answered correctly`);
+  await chunkedBodyOverLimit(base);
+  console.log("ok   413 a chunked body over the size limit");
+  // A NUL in what the client sent is echoed whole, not cut at it.
+  const nul = await (await fetch(base + "/v1/models/a%00b")).json();
+  assert.ok(nul.error.message.includes("a\u0000b"), `NUL: ${JSON.stringify(nul)}`);
+  console.log("ok   404 a model name with a NUL, named whole");
   const res = await fetch(base + C, { method: "POST", headers: { "Content-Type": "application/json" }, body: chat({}) });
   assert.equal(res.status, 200);
   const j = await res.json();

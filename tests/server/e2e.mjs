@@ -80,6 +80,19 @@ async function e2e() {
   for (let i = 0; i < lp.tokens.length; i++)
     assert.equal(ctext.slice(lp.text_offset[i], lp.text_offset[i] + lp.tokens[i].length), lp.tokens[i]);
   ok("completions with echo and logprobs (prompt tokens scored)");
+  // text_offset counts UTF-8 bytes, each token's once: a character split over byte-level tokens
+  // ("é" here, U+FFFD in each token's text) is not counted as one U+FFFD per piece.
+  const uni = await c.completions.create({ model, prompt: "h\u00e9llo \u{1F600} w\u00f6rld", max_tokens: 4,
+    temperature: 0, logprobs: 1, echo: true });
+  const ulp = uni.choices[0].logprobs, ubytes = Buffer.from(uni.choices[0].text, "utf8");
+  const uoff = [...ulp.text_offset, ubytes.length];
+  for (let i = 0; i < ulp.tokens.length; i++) {
+    assert.ok(uoff[i] < uoff[i + 1], `text_offset ${uoff[i]} then ${uoff[i + 1]}`);
+    if (!ulp.tokens[i].includes("\uFFFD"))
+      assert.equal(ubytes.subarray(uoff[i], uoff[i + 1]).toString("utf8"), ulp.tokens[i], `token ${i}`);
+  }
+  assert.ok(ulp.tokens.some((t) => t.includes("\uFFFD")), "no token split a character: the check above proves less");
+  ok("completions logprobs: text_offset in bytes over split characters");
   // max_tokens 0 with echo scores the prompt: the same prompt logprobs, nothing generated.
   const scored = await c.completions.create({ model, prompt: "Once upon a time", max_tokens: 0, logprobs: 1,
     echo: true });
@@ -112,6 +125,10 @@ async function e2e() {
   const content = chatLp.choices[0].logprobs.content;
   assert.equal(content.length, chatLp.usage.completion_tokens);
   assert.ok(content.every((e) => e.top_logprobs.length === 2 && e.logprob <= 0));
+  // "bytes" are what each token stands for: together, the reply's UTF-8 (a token's own text would
+  // turn a split character into U+FFFD bytes).
+  const whole = Buffer.concat(content.map((e) => Buffer.from(e.bytes)));
+  assert.equal(whole.toString("utf8"), chatLp.choices[0].message.content);
   ok("chat logprobs + top_logprobs");
 
   // Stop sequences: cut the greedy text at a substring it is known to contain.
@@ -234,6 +251,11 @@ async function auth() {
   const r = await client(key).chat.completions.create({ model, messages: [{ role: "user", content: "hi" }],
     max_tokens: 2 });
   assert.ok(r.choices.length === 1);
+  // The scheme is case-insensitive (RFC 9110); the key is not.
+  const lower = await fetch(`${base}/v1/models`, { headers: { Authorization: `bearer ${key}` } });
+  assert.equal(lower.status, 200, "'bearer' in lower case");
+  const upper = await fetch(`${base}/v1/models`, { headers: { Authorization: `Bearer ${key.toUpperCase()}` } });
+  assert.equal(upper.status, 401, "the key is case-sensitive");
   ok("auth on: the right key works");
 }
 
