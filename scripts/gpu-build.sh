@@ -3,11 +3,11 @@
 # machine lacks, for scripts/gpu-check.sh. Run from a checkout.
 # Usage: scripts/gpu-build.sh [--pack [BINARY...]]
 #   --pack also writes .gpuz/gpu.tar.xz, what the device tool carries (.gpu itself, ~120 MB, is
-#   over its limit): the libraries and the named binaries of .gpu (default: all), stripped, xz with
-#   the x86 filter and a 256 MiB window so the binaries' shared code is stored once (~15 MB for all,
-#   ~3 MB less than plain `tar -cJf`). The tree that travels plus the carry must stay under 64
-#   MiB; the script prints both. scripts/gpu-check.sh needs all five binaries; fewer suit a
-#   command of your own.
+#   over its limit): the named binaries of .gpu (default: all), stripped, and the libraries they
+#   load, xz with the x86 filter and a 256 MiB window so the binaries' shared code is stored once
+#   (~15 MB for all, ~3 MB less than plain `tar -cJf`). The tree that travels plus the carry must
+#   stay under 64 MiB; the script prints both. scripts/gpu-check.sh needs all five binaries; fewer
+#   suit a command of your own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=0
@@ -24,18 +24,25 @@ rm -rf .gpu && mkdir -p .gpu/lib
 cp build-gpu/src/cli/kiln build-gpu/tests/ops/ops_parity_test build-gpu/tests/model/model_test \
   build-gpu/bench/kiln-gpu-bench build-gpu/bench/kiln-load-pattern-bench .gpu/
 pwd > .gpu/built_at
-# Non-CUDA shared libraries from this machine's packages (spdlog, fmt, OpenBLAS, gomp, ...).
-for b in .gpu/kiln .gpu/ops_parity_test .gpu/model_test .gpu/kiln-gpu-bench .gpu/kiln-load-pattern-bench; do
-  ldd "$b" | awk '/=> \// {print $3}' | grep -vE 'libcuda|libcudart|libcublas|libc\.so|libm\.so|ld-linux|libpthread|libdl|librt' || true
-done | sort -u | xargs -r -I{} cp -L {} .gpu/lib/
+# The non-CUDA shared libraries the given binaries load from this machine's packages (spdlog, fmt,
+# OpenBLAS, gomp, ...), one path a line.
+needed_libs() {
+  for b in "$@"; do
+    ldd "$b" | awk '/=> \// {print $3}' | grep -vE 'libcuda|libcudart|libcublas|libc\.so|libm\.so|ld-linux|libpthread|libdl|librt' || true
+  done | sort -u
+}
+needed_libs .gpu/kiln .gpu/ops_parity_test .gpu/model_test .gpu/kiln-gpu-bench .gpu/kiln-load-pattern-bench |
+  xargs -r -I{} cp -L {} .gpu/lib/
 du -sh .gpu
 if [ "$pack" = 1 ]; then
   names=("$@")
   [ ${#names[@]} -gt 0 ] || names=(kiln ops_parity_test model_test kiln-gpu-bench kiln-load-pattern-bench)
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
-  mkdir -p "$stage/.gpu" .gpuz
-  cp -r .gpu/lib .gpu/built_at "$stage/.gpu/"
+  mkdir -p "$stage/.gpu/lib" .gpuz
+  cp .gpu/built_at "$stage/.gpu/"
+  # Only the libraries the named binaries load: without kiln, libcurl's chain (~3 MB packed) stays.
+  needed_libs "${names[@]/#/.gpu/}" | xargs -r -n1 basename | xargs -r -I{} cp .gpu/lib/{} "$stage/.gpu/lib/"
   for n in "${names[@]}"; do strip -o "$stage/.gpu/$n" ".gpu/$n"; done
   tar -C "$stage" -cf - .gpu | xz --x86 --lzma2=preset=9e,dict=256MiB -T1 > .gpuz/gpu.tar.xz
   carry=$(stat -c %s .gpuz/gpu.tar.xz)

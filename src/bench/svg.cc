@@ -52,6 +52,18 @@ std::string tick_label(double v) {
   return fmt::format("{:g}", v);
 }
 
+// The opening of a chart: the svg element of width w and height h on white, then the title and
+// the subtitle at x.
+std::string svg_open(double w, double h, double x, const std::string& title, const std::string& subtitle) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"{2}\" y=\"26\" font-size=\"16\" font-weight=\"bold\">{3}</text>\n"
+      "<text x=\"{2}\" y=\"46\" fill=\"#555\">{4}</text>\n",
+      w, h, x, escape(title), escape(subtitle));
+}
+
 }  // namespace
 
 std::string render_chart(const std::vector<PointSummary>& points, const std::string& title,
@@ -71,13 +83,7 @@ std::string render_chart(const std::vector<PointSummary>& points, const std::str
   auto px = [&](double v) { return L + v / xmax * (W - L - R); };
   auto py = [&](double v) { return H - B - v / ymax * (H - T - B); };
 
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"{2}\" y=\"26\" font-size=\"16\" font-weight=\"bold\">{3}</text>\n"
-      "<text x=\"{2}\" y=\"46\" fill=\"#555\">{4}</text>\n",
-      W, H, L, escape(title), escape(subtitle));
+  std::string s = svg_open(W, H, L, title, subtitle);
   // Grid and ticks.
   for (double v = 0; v <= xmax + xstep / 2; v += xstep)
     s += fmt::format(
@@ -136,13 +142,7 @@ std::string render_bars(const std::vector<ResultBar>& bars, const std::string& t
   for (size_t i = 0; i < bars.size(); ++i) h += kRow + (i == 0 || bars[i].group != bars[i - 1].group ? kHead : 0);
   auto px = [&](double percent) { return L + percent / xmax * (W - L - R); };
 
-  std::string s = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"16\" y=\"26\" font-size=\"16\" font-weight=\"bold\">{2}</text>\n"
-      "<text x=\"16\" y=\"46\" fill=\"#555\">{3}</text>\n",
-      W, h, escape(title), escape(subtitle));
+  std::string s = svg_open(W, h, 16, title, subtitle);
   // Legend, then the percent grid over the whole plot.
   s += fmt::format(
       "<rect x=\"16\" y=\"58\" width=\"14\" height=\"10\" fill=\"#2ca02c\"/>"

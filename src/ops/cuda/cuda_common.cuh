@@ -348,15 +348,13 @@ class GrowOnlyScratch {
     if (need > bytes_) {
       void* fresh = nullptr;
       const size_t n = need > 2 * bytes_ ? need : 2 * bytes_;
+      retired_.reserve(retired_.size() + 1);  // before the allocation: nothing below may throw and leak it
       KILN_CUDA_CHECK(cudaMalloc(&fresh, n));
       if (zeroed_) {
-        // On a private stream, waited for here: the caller's stream may be capturing a graph, where
-        // a memset would run only at replay, after eager launches had used the memory.
-        cudaStream_t st = nullptr;  // on the current device, as the memory is
-        KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        KILN_CUDA_CHECK(cudaMemsetAsync(fresh, 0, n, st));
-        KILN_CUDA_CHECK(cudaStreamSynchronize(st));
-        KILN_CUDA_CHECK(cudaStreamDestroy(st));
+        // A failed zeroing frees the fresh block and keeps the old one: the scratch stays usable.
+        const cudaError_t err = zero_privately(fresh, n);
+        if (err != cudaSuccess) cudaFree(fresh);
+        KILN_CUDA_CHECK(err);
       }
       if (ptr_) retired_.push_back(ptr_);
       ptr_ = fresh, bytes_ = n;
@@ -368,6 +366,19 @@ class GrowOnlyScratch {
   explicit GrowOnlyScratch(bool zeroed) : zeroed_(zeroed) {}
 
  private:
+  // Zeroes [p, p + n) on a private stream and waits: the caller's stream may be capturing a graph,
+  // where a memset would run only at replay, after eager launches had used the memory. The stream
+  // is destroyed on every path.
+  static cudaError_t zero_privately(void* p, size_t n) {
+    cudaStream_t st = nullptr;  // on the current device, as the memory is
+    cudaError_t err = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    if (err != cudaSuccess) return err;
+    err = cudaMemsetAsync(p, 0, n, st);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(st);
+    const cudaError_t destroyed = cudaStreamDestroy(st);
+    return err != cudaSuccess ? err : destroyed;
+  }
+
   bool zeroed_ = false;
   std::mutex mu_;
   void* ptr_ = nullptr;
