@@ -27,6 +27,14 @@ double number(const json& j, const std::string& key, const std::string& where) {
   return v.get<double>();
 }
 
+// A figure as a fraction of its ceiling: 0 to 10 (past 1 only by a measurement's noise or a cache;
+// anything else is a broken report, and an absurd one would scale the chart to nothing).
+double fraction(const json& j, const std::string& key, const std::string& where) {
+  const double f = number(j, key, where);
+  KILN_CHECK(f >= 0 && f <= 10, "gpu bench report: {}.{} is {}, not a fraction of a ceiling (0 to 10)", where, key, f);
+  return f;
+}
+
 // The targets (docs/results.md): single-stream decode 60% of the HBM ceiling, prefill at
 // 1k and 8k prompts 40% of the bf16 rate, the MLA decode kernel 70% of copy at 8k+ contexts.
 constexpr double kDecodeTarget = 0.60, kPrefillTarget = 0.40, kMlaTarget = 0.70;
@@ -66,7 +74,7 @@ std::vector<ResultBar> gpu_bench_bars(const json& report) {
       ResultBar b{.group = "decode, " + name + " (fraction of the HBM ceiling)",
                   .label = fmt::format("{:g} stream{}{}", batch, batch == 1 ? "" : "s", mode.name),
                   .value = fmt::format("{:.0f} tok/s", number(r, "tok_s_aggregate", where)),
-                  .fraction = number(r, "fraction_of_ceiling", where)};
+                  .fraction = fraction(r, "fraction_of_ceiling", where)};
       if (batch == 1) b.target = kDecodeTarget;
       bars.push_back(b);
     });
@@ -77,7 +85,7 @@ std::vector<ResultBar> gpu_bench_bars(const json& report) {
                   .label = prompts == 1 ? fmt::format("{:g} tokens{}", prompt, mode.name)
                                         : fmt::format("{:g} x {:g} tokens{}", prompts, prompt, mode.name),
                   .value = fmt::format("{:.0f} tok/s", number(r, "tok_s", where)),
-                  .fraction = number(r, "fraction_of_bf16_gemm", where)};
+                  .fraction = fraction(r, "fraction_of_bf16_gemm", where)};
       // The figures are one prompt of 1k or of 8k tokens.
       if (prompts == 1 && (prompt == 1024 || prompt == 8192)) b.target = kPrefillTarget;
       bars.push_back(b);
@@ -95,7 +103,7 @@ std::vector<ResultBar> gpu_bench_bars(const json& report) {
                                 kv.is_string() ? kv.get<std::string>() : "unknown"),
            .label = fmt::format("context {:g}", ctx),
            .value = fmt::format("{:.0f} GB/s", number(list[i], "gbps", where)),
-           .fraction = number(list[i], "fraction_of_copy_bw", where),
+           .fraction = fraction(list[i], "fraction_of_copy_bw", where),
            .target = kMlaTarget});
     }
   }

@@ -10,6 +10,7 @@
 
 #include "bench/gpu_chart.h"
 #include "cli/command.h"
+#include "cli/common.h"
 #include "core/error.h"
 
 namespace kiln::cli {
@@ -23,6 +24,8 @@ int run_bench_chart(const BenchChartArgs& a) {
   std::error_code ec;
   KILN_CHECK(std::filesystem::is_regular_file(a.gpu_bench, ec), "--gpu-bench {}: cannot read the file (not a file)",
              a.gpu_bench);
+  const std::string out = a.out.empty() ? std::filesystem::path(a.gpu_bench).replace_extension(".svg").string() : a.out;
+  require_output_file(out, "--out", {a.gpu_bench});  // a report named x.svg would be drawn over itself
   std::ifstream in(a.gpu_bench);
   KILN_CHECK(in.good(), "--gpu-bench {}: cannot read the file", a.gpu_bench);
   nlohmann::json report;
@@ -34,7 +37,6 @@ int run_bench_chart(const BenchChartArgs& a) {
   // The whole chart first: a report that fails leaves no file behind.
   const std::vector<bench::ResultBar> bars = bench::gpu_bench_bars(report);
   const std::string svg = bench::render_bars(bars, a.title, bench::gpu_bench_subtitle(report));
-  const std::string out = a.out.empty() ? std::filesystem::path(a.gpu_bench).replace_extension(".svg").string() : a.out;
   std::ofstream f(out);
   f << svg;
   KILN_CHECK(f.good(), "--out {}: cannot write the file", out);

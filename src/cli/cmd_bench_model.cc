@@ -75,12 +75,13 @@ int run_bench_model(const BenchModelArgs& a) {
   KILN_CHECK(!a.model.empty() || !a.config.empty(), "bench model needs --model DIR or --config FILE --random-weights");
   KILN_CHECK(a.config.empty() || a.random, "--config needs --random-weights (a config alone has no weights)");
   KILN_CHECK(a.prompt_len > 0 && a.decode_steps > 0, "--prompt-len and --decode-steps must be > 0");
-  std::vector<int64_t> batches;
-  for (int32_t b : parse_ids(a.batch_sizes, "--batch-sizes")) {
-    KILN_CHECK(b > 0, "--batch-sizes: batch sizes must be > 0");
-    batches.push_back(b);
-  }
+  // Past a model's context anyway; bounded here so that the prompts are not built first.
+  KILN_CHECK(a.prompt_len <= (int64_t{1} << 24) && a.decode_steps <= (int64_t{1} << 24),
+             "--prompt-len and --decode-steps must be at most 16777216");
+  KILN_CHECK(a.block_size > 0, "--block-size must be > 0, got {}", a.block_size);
+  const std::vector<int64_t> batches = parse_counts(a.batch_sizes, "--batch-sizes");
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+  if (!a.json_out.empty()) require_output_file(a.json_out, "--json", {a.config});
 
   std::unique_ptr<ops::Backend> backend = make_backend(a.device);
   std::unique_ptr<DeepseekV3Model> model;

@@ -18,6 +18,7 @@
 #include "bench/svg.h"
 #include "bench/sweep.h"
 #include "cli/command.h"
+#include "cli/common.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -145,7 +146,8 @@ int run_bench_serve(const BenchServeArgs& a) {
     concs = parse_concurrency(a.concurrency);
   else
     concs = {a.request_rate.empty() ? 1 : 0};  // with a request rate, no concurrency limit unless asked
-  KILN_CHECK(a.num_prompts >= 0, "--num-prompts must be positive, got {}", a.num_prompts);
+  KILN_CHECK(a.num_prompts_opt->count() == 0 || a.num_prompts > 0, "--num-prompts must be positive, got {}",
+             a.num_prompts);
   for (double rate : rates)
     for (int64_t c : concs) {
       KILN_CHECK(c > 0 || std::isfinite(rate), "a sweep point needs a concurrency limit or a finite request rate");
@@ -170,6 +172,14 @@ int run_bench_serve(const BenchServeArgs& a) {
   cfg.cost = {a.gpus, a.gpu_price, a.power_kw, a.usd_per_kwh, a.pue};
   cfg.label = a.label;
   cfg.progress = !a.no_progress;
+  // The outputs are checked before the run, not after it: a run can take hours.
+  std::string svg = a.svg;
+  if (svg.empty() && !a.out.empty()) svg = std::filesystem::path(a.out).replace_extension(".svg").string();
+  if (!a.out.empty()) require_output_file(a.out, "--out", {a.dataset, a.tokenizer});
+  if (!svg.empty()) require_output_file(svg, "--svg", {a.dataset, a.tokenizer});
+  KILN_CHECK(a.out.empty() || svg != a.out,
+             "--out {}: the chart goes beside the JSON report with .svg; give the report another name (or --svg)",
+             a.out);
 
   std::unique_ptr<bench::PromptTokenizer> tok =
       a.tokenizer.empty() ? bench::make_approximate_tokenizer() : bench::load_prompt_tokenizer(a.tokenizer);
@@ -197,8 +207,6 @@ int run_bench_serve(const BenchServeArgs& a) {
     f << bench::bench_json(cfg, r, *tok, bench::environment(own_argv())).dump(1) << "\n";
     spdlog::info("wrote {}", a.out);
   }
-  std::string svg = a.svg;
-  if (svg.empty() && !a.out.empty()) svg = std::filesystem::path(a.out).replace_extension(".svg").string();
   if (!svg.empty()) {
     std::vector<bench::PointSummary> sums;
     for (const auto& p : r.points) sums.push_back(p.summary);

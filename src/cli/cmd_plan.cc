@@ -4,7 +4,9 @@
 // The arithmetic lives in src/plan and src/bench/cost.h; this file only maps flags onto it.
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -20,7 +22,8 @@ struct PlanArgs {
   std::string model, gpu, weights, kv = "bf16", compare, catalog;
   int64_t gpus = 8, nodes = 1, tp = 0, ep = 0, attn_dp = 1, dcp = 1;
   int64_t input_len = 1024, output_len = 400, concurrency = 0, context = 0, kv_pool = 0, prefill_chunk = 8192;
-  double gpu_price = -1, reserve_gib = -1, inter_node_gbps = 400, pue = 1.0;
+  std::optional<double> gpu_price, reserve_gib;  // absent: the catalog's price, the estimated reserve
+  double inter_node_gbps = 400, pue = 1.0;
   bool json = false, mtp = false, list_gpus = false;
 };
 
@@ -40,12 +43,17 @@ int run_plan(const PlanArgs& a) {
   base.weights = a.weights.empty() ? model.default_weights : plan::parse_weight_format(a.weights);
   base.kv_bytes_per_value = plan::parse_kv_dtype(a.kv);
   base.include_mtp = a.mtp;
-  base.reserve_bytes = a.reserve_gib >= 0 ? a.reserve_gib * 1024.0 * 1024.0 * 1024.0 : -1.0;
+  // Given values are checked, not read as "absent" (a negative price once meant the catalog's).
+  KILN_CHECK(!a.reserve_gib || (*a.reserve_gib >= 0 && *a.reserve_gib <= 1e6), "--reserve-gib must be 0 to 1e6, got {}",
+             a.reserve_gib.value_or(0));
+  KILN_CHECK(!a.gpu_price || (*a.gpu_price >= 0 && *a.gpu_price <= 1e6), "--gpu-price must be 0 to 1e6 USD, got {}",
+             a.gpu_price.value_or(0));
+  base.reserve_bytes = a.reserve_gib ? *a.reserve_gib * 1024.0 * 1024.0 * 1024.0 : -1.0;
   base.prefill_chunk = a.prefill_chunk;
-  base.usd_per_gpu_hour = a.gpu_price;
-  KILN_CHECK(a.inter_node_gbps > 0, "--inter-node-gbps must be positive");
+  base.usd_per_gpu_hour = a.gpu_price.value_or(-1.0);
+  KILN_CHECK(a.inter_node_gbps > 0 && std::isfinite(a.inter_node_gbps), "--inter-node-gbps must be positive");
   base.inter_node_bytes_s = a.inter_node_gbps * 1e9 / 8.0;
-  KILN_CHECK(a.pue >= 1.0, "--pue must be >= 1, got {}", a.pue);
+  KILN_CHECK(a.pue >= 1.0 && a.pue <= 10, "--pue must be 1 to 10, got {}", a.pue);
   base.pue = a.pue;
   plan::Layout layout{a.gpus, a.nodes, a.tp, a.attn_dp, a.ep, a.dcp};
   plan::Workload wl{a.input_len, a.output_len, a.concurrency, a.context, a.kv_pool};

@@ -52,6 +52,11 @@ void raise_fd_limit() {
 int run_serve(ServeArgs a) {
   KILN_CHECK(a.tp == 1, "--tp {}: this build serves on one device (tensor parallelism is not wired yet)", a.tp);
   KILN_CHECK(a.cfg.port >= 0 && a.cfg.port < 65536, "--port must be in [0, 65535], got {}", a.cfg.port);
+  KILN_CHECK(a.num_kv_blocks >= 0, "--num-kv-blocks must be >= 0 (0: sized from memory), got {}", a.num_kv_blocks);
+  // A size_t flag reads "-1" as 2^64 - 1: no limit at all.
+  KILN_CHECK(a.cfg.max_body_bytes >= 1024 && a.cfg.max_body_bytes <= (size_t{1} << 32),
+             "--max-body-bytes must be 1 KiB to 4 GiB, got {}", a.cfg.max_body_bytes);
+  KILN_CHECK(a.cfg.threads >= 2 && a.cfg.threads <= 65536, "--http-threads must be 2 to 65536, got {}", a.cfg.threads);
   if (a.cfg.api_key.empty())
     if (const char* k = std::getenv("KILN_API_KEY")) a.cfg.api_key = k;
   // SIGTERM / SIGINT: the handler only writes to a pipe (async-signal-safe) and a thread waiting

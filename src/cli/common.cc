@@ -1,30 +1,79 @@
 #include "cli/common.h"
 
+#include <unistd.h>
+
 #include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/log.h"
 
 namespace kiln::cli {
 
-std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < s.size()) {
+namespace {
+
+// The comma-separated items of s, trimmed of spaces; an empty item stays, as "" (none for "").
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; !s.empty() && i <= s.size();) {
     size_t j = s.find(',', i);
     if (j == std::string::npos) j = s.size();
-    std::string tok = s.substr(i, j - i);
-    while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
-    while (!tok.empty() && tok.back() == ' ') tok.pop_back();
-    int32_t v = 0;
-    auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
-    KILN_CHECK(!tok.empty() && ec == std::errc() && p == tok.data() + tok.size() && v >= 0,
-               "{}: \"{}\" is not a non-negative token id (expected a list like 1,2,3)", flag, tok);
-    ids.push_back(v);
+    std::string item = s.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    out.push_back(std::move(item));
     i = j + 1;
+  }
+  return out;
+}
+
+// The whole of `item` as an integer in [lo, hi].
+template <typename T>
+bool parse_whole(const std::string& item, T lo, T hi, T& v) {
+  auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+  return !item.empty() && ec == std::errc() && p == item.data() + item.size() && v >= lo && v <= hi;
+}
+
+}  // namespace
+
+std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag) {
+  std::vector<int32_t> ids;
+  for (const std::string& item : split_list(s)) {
+    int32_t v = 0;
+    KILN_CHECK(parse_whole<int32_t>(item, 0, INT32_MAX, v),
+               "{}: \"{}\" is not a non-negative token id (expected a list like 1,2,3)", flag, item);
+    ids.push_back(v);
   }
   KILN_CHECK(!ids.empty(), "{}: no token ids given", flag);
   return ids;
+}
+
+std::vector<int64_t> parse_counts(const std::string& s, const std::string& flag) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split_list(s)) {
+    int64_t v = 0;
+    KILN_CHECK(parse_whole<int64_t>(item, 1, int64_t{1} << 20, v),
+               "{}: \"{}\" is not a count from 1 to 1048576 (expected a list like 1,8,32)", flag, item);
+    out.push_back(v);
+  }
+  KILN_CHECK(!out.empty(), "{}: no counts given", flag);
+  return out;
+}
+
+void require_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  KILN_CHECK(!path.empty(), "{}: no file given", flag);
+  KILN_CHECK(!fs::is_directory(path, ec), "{} {}: is a folder, not a file", flag, path);
+  for (const std::string& in : inputs)
+    KILN_CHECK(!fs::equivalent(path, in, ec), "{} {}: is an input of this run; writing it would destroy it", flag,
+               path);
+  const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  KILN_CHECK(fs::is_directory(dir, ec), "{} {}: the folder {} does not exist", flag, path, dir.string());
+  KILN_CHECK(::access(dir.c_str(), W_OK) == 0 && (!fs::exists(path, ec) || ::access(path.c_str(), W_OK) == 0),
+             "{} {}: cannot write there ({})", flag, path, std::strerror(errno));
 }
 
 std::unique_ptr<ops::Backend> make_backend(const std::string& device) {

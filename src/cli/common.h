@@ -15,6 +15,13 @@ namespace kiln::cli {
 // "1,2,3" -> {1, 2, 3}; anything else is an error naming `flag`.
 std::vector<int32_t> parse_ids(const std::string& s, const std::string& flag);
 
+// "1,8,32" -> {1, 8, 32}: a list of positive counts (batch sizes), errors naming `flag`.
+std::vector<int64_t> parse_counts(const std::string& s, const std::string& flag);
+
+// Fails, naming `flag`, unless `path` can be written as a file: its folder exists and is writable
+// and it is not a folder, nor any of `inputs`. Checked before a long run, not after it.
+void require_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs = {});
+
 std::unique_ptr<ops::Backend> make_backend(const std::string& device);
 
 // One backend and the model on it.

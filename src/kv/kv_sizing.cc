@@ -51,7 +51,9 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   double value = 0;
   try {
-    value = i ? std::stod(text.substr(0, i)) : -1;
+    size_t used = 0;
+    value = i ? std::stod(text.substr(0, i), &used) : -1;
+    if (used != i) value = -1;  // "1.2.3K": stod stops at the second dot
   } catch (...) {
     value = -1;
   }
@@ -69,7 +71,11 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   if (unit == "T") mult = std::pow(base, 4);
   KILN_CHECK(value > 0 && mult > 0 && (!binary || unit.size() == 1),
              "{}: \"{}\" is not a memory size (expected e.g. 8GiB, 512MiB, 4G or a byte count)", flag, text);
-  return static_cast<int64_t>(value * mult);
+  // At least a byte (0.5 would truncate to 0, which the sizing reads as "not given") and at most
+  // 2^62 bytes (past int64 the conversion is undefined).
+  const double bytes = value * mult;
+  KILN_CHECK(bytes >= 1 && bytes <= 0x1p62, "{}: \"{}\" is {} bytes; give 1 byte to 4 EiB", flag, text, bytes);
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace kiln::kv

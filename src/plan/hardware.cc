@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -23,9 +24,19 @@ double number(const json& g, const char* key, const std::string& where, bool all
   auto it = g.find(key);
   KILN_CHECK(it != g.end() && it->is_number(), "{}: field \"{}\" is missing or not a number", where, key);
   double v = it->get<double>();
-  KILN_CHECK(allow_zero ? v >= 0 : v > 0, "{}: field \"{}\" must be {}, got {}", where, key,
-             allow_zero ? ">= 0" : "positive", v);
+  // 1e18 is past every catalog figure (bytes, B/s, FLOP/s are given in GB, TB/s, TFLOP/s) and keeps
+  // the conversions to integers and the products of the plan finite.
+  KILN_CHECK((allow_zero ? v >= 0 : v > 0) && v < 1e18, "{}: field \"{}\" must be {} and below 1e18, got {}", where,
+             key, allow_zero ? ">= 0" : "positive", v);
   return v;
+}
+
+// An optional string field: absent is `dflt`, anything but a string an error naming it.
+std::string text(const json& g, const char* key, const std::string& where, const std::string& dflt) {
+  auto it = g.find(key);
+  if (it == g.end()) return dflt;
+  KILN_CHECK(it->is_string(), "{}: field \"{}\" must be a string, got {}", where, key, it->dump());
+  return it->get<std::string>();
 }
 
 }  // namespace
@@ -37,12 +48,29 @@ std::vector<GpuSpec> parse_catalog(const json& j, const std::string& source) {
   for (size_t i = 0; i < j["gpus"].size(); ++i) {
     const json& g = j["gpus"][i];
     std::string where = fmt::format("{}: gpus[{}]", source, i);
-    KILN_CHECK(g.is_object() && g.contains("name") && g["name"].is_string(), "{}: needs a string \"name\"", where);
+    KILN_CHECK(g.is_object() && g.contains("name") && g["name"].is_string() && !g["name"].get<std::string>().empty(),
+               "{}: needs a non-empty string \"name\"", where);
     GpuSpec s;
     s.name = g["name"].get<std::string>();
     where += " (" + s.name + ")";
-    if (g.contains("aliases")) s.aliases = g["aliases"].get<std::vector<std::string>>();
-    s.vendor = g.value("vendor", "");
+    if (auto a = g.find("aliases"); a != g.end()) {
+      KILN_CHECK(a->is_array() && std::all_of(a->begin(), a->end(), [](const json& x) { return x.is_string(); }),
+                 "{}: field \"aliases\" must be a list of strings, got {}", where, a->dump());
+      s.aliases = a->get<std::vector<std::string>>();
+    }
+    // Names and aliases pick a GPU (case-insensitively): each may name one entry only.
+    for (const std::string& n : [&] {
+           auto names = s.aliases;
+           names.push_back(s.name);
+           return names;
+         }())
+      for (const GpuSpec& o : out) {
+        const bool taken =
+            lower(o.name) == lower(n) ||
+            std::any_of(o.aliases.begin(), o.aliases.end(), [&](const std::string& x) { return lower(x) == lower(n); });
+        KILN_CHECK(!taken, "{}: the name \"{}\" is taken by {} already", where, n, o.name);
+      }
+    s.vendor = text(g, "vendor", where, "");
     s.hbm_marketed_gb = number(g, "hbm_marketed_gb", where, false);
     s.hbm_visible_bytes = static_cast<int64_t>(number(g, "hbm_visible_bytes", where, false));
     s.hbm_bw_bytes_s = number(g, "hbm_bw_gb_s", where, false) * 1e9;
@@ -69,6 +97,8 @@ const std::vector<GpuSpec>& builtin_catalog() {
 }
 
 std::vector<GpuSpec> load_catalog(const std::string& path) {
+  std::error_code ec;  // a folder opens as a stream whose read fails with a library message
+  KILN_CHECK(std::filesystem::is_regular_file(path, ec), "hardware catalog {}: not a file", path);
   std::ifstream f(path);
   KILN_CHECK(f.good(), "cannot open hardware catalog {}", path);
   json j;

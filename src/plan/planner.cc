@@ -164,6 +164,23 @@ Plan make_plan(const std::string& model_name, const ModelConfig& c, const GpuSpe
   KILN_CHECK(workload.input_len > 0 && workload.output_len > 0, "--input-len and --output-len must be positive");
   KILN_CHECK(workload.concurrency >= 0 && workload.context >= 0 && workload.kv_pool_tokens >= 0,
              "--concurrency, --context and --kv-pool must not be negative");
+  // Caps far past any deployment, so that the sums and products below stay inside int64 (a plan
+  // with --input-len 2^63 - 1 once came out negative and "FITS").
+  constexpr int64_t kMaxLen = int64_t{1} << 32, kMaxConcurrency = int64_t{1} << 24;
+  KILN_CHECK(workload.input_len <= kMaxLen && workload.output_len <= kMaxLen && workload.context <= 2 * kMaxLen,
+             "--input-len, --output-len (at most {}) and --context (at most {}) are past what a plan covers", kMaxLen,
+             2 * kMaxLen);
+  KILN_CHECK(workload.concurrency <= kMaxConcurrency && workload.kv_pool_tokens <= kMaxConcurrency * 2 * kMaxLen,
+             "--concurrency (at most {}) or --kv-pool is past what a plan covers", kMaxConcurrency);
+  KILN_CHECK(workload.context == 0 || workload.context >= workload.input_len + workload.output_len,
+             "--context {} cannot hold one request of --input-len {} + --output-len {} tokens", workload.context,
+             workload.input_len, workload.output_len);
+  KILN_CHECK(layout.gpus_per_node > 0 && layout.gpus_per_node <= 4096 && layout.nodes > 0 && layout.nodes <= 65536,
+             "--gpus (1 to 4096 per node) and --nodes (1 to 65536) must be in range, got {} and {}",
+             layout.gpus_per_node, layout.nodes);
+  KILN_CHECK(std::isfinite(o.usd_per_gpu_hour) && std::isfinite(o.reserve_bytes) && o.reserve_bytes < 1e18,
+             "a GPU price ({}) and a memory reserve ({} bytes) must be finite numbers", o.usd_per_gpu_hour,
+             o.reserve_bytes);
   KILN_CHECK(o.prefill_chunk > 0, "--prefill-chunk must be positive");
   Plan p;
   p.model = model_name;

@@ -256,11 +256,14 @@ CompareItem parse_compare_item(const std::string& item) {
     else if (key == "kv")
       c.kv_bytes_per_value = parse_kv_dtype(value);
     else if (key == "price") {
+      size_t used = 0;
       try {
-        c.usd_per_gpu_hour = std::stod(value);
+        c.usd_per_gpu_hour = std::stod(value, &used);
       } catch (const std::exception&) {
-        fail("--compare item \"{}\": price must be a number, got \"{}\"", item, value);
+        used = 0;
       }
+      KILN_CHECK(used == value.size() && c.usd_per_gpu_hour >= 0 && c.usd_per_gpu_hour <= 1e6,
+                 "--compare item \"{}\": price must be a number of USD from 0 to 1e6, got \"{}\"", item, value);
     } else {
       fail("--compare item \"{}\": unknown key \"{}\" (tp, ep, dp, dcp, weights, kv, price)", item, key);
     }

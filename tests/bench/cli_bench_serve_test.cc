@@ -121,6 +121,32 @@ TEST(BenchServeCli, BadFlagsNameThemselves) {
   EXPECT_NE(r.out.find("--extra-body"), std::string::npos) << r.out;
   r = kiln::test::run_kiln("bench --help");
   EXPECT_NE(r.out.find("serve"), std::string::npos) << r.out;
+  // Outputs are checked before the run: an unwritable --out, and an --out whose chart (beside it,
+  // .svg) would be written over it.
+  r = kiln::test::run_kiln("bench serve --base-url http://127.0.0.1:1 --out /nonexistent/r.json");
+  EXPECT_NE(r.out.find("--out /nonexistent/r.json: the folder"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("requests"), std::string::npos) << "ran before checking: " << r.out;
+  r = kiln::test::run_kiln("bench serve --base-url http://127.0.0.1:1 --out " + testing::TempDir() + "/r.svg");
+  EXPECT_NE(r.out.find("give the report another name"), std::string::npos) << r.out;
+  r = kiln::test::run_kiln("bench serve --base-url http://127.0.0.1:1 --num-prompts 0");
+  EXPECT_NE(r.out.find("--num-prompts must be positive"), std::string::npos) << r.out;
+  // Other subcommands' flags found by the same audit.
+  r = kiln::test::run_kiln("--log-level bogus plan --model deepseek-v3 --gpu H200");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--log-level"), std::string::npos) << r.out;
+  r = kiln::test::run_kiln("bench model --config " +
+                           kiln::test::data_path("fixtures/h5_noqlora_dense2_odd/config.json") +
+                           " --random-weights --block-size 0");
+  EXPECT_EQ(r.exit_code, 1) << r.out;  // was SIGFPE
+  EXPECT_NE(r.out.find("--block-size"), std::string::npos) << r.out;
+  r = kiln::test::run_kiln("bench model --config " +
+                           kiln::test::data_path("fixtures/h5_noqlora_dense2_odd/config.json") +
+                           " --random-weights --batch-sizes 1,,2");
+  EXPECT_NE(r.out.find("--batch-sizes: \"\" is not a count"), std::string::npos) << r.out;
+  r = kiln::test::run_kiln("bench model --config " +
+                           kiln::test::data_path("fixtures/h5_noqlora_dense2_odd/config.json") +
+                           " --random-weights --json /nonexistent/x.json");
+  EXPECT_NE(r.out.find("--json /nonexistent/x.json: the folder"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -118,6 +118,11 @@ TEST(GpuChart, BadReportsNameTheField) {
   r = small_report();
   r["models"][0]["decode"] = json::object();
   EXPECT_NE(error_of(r).find("m.decode is not an array"), std::string::npos) << error_of(r);
+  for (double f : {1e307, -0.1}) {  // 1e307 once scaled the chart to NaN coordinates
+    r = small_report();
+    r["models"][0]["prefill"][0]["fraction_of_bf16_gemm"] = f;
+    EXPECT_NE(error_of(r).find("not a fraction of a ceiling"), std::string::npos) << error_of(r);
+  }
   EXPECT_THROW(gpu_bench_subtitle(json::object()), Error);
 }
 
@@ -170,6 +175,17 @@ TEST(GpuChart, CliWritesTheSvgAndNamesBadFiles) {
   r = kiln::test::run_kiln("bench chart --gpu-bench " + tmp.path.string());  // a directory
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("not a file"), std::string::npos) << r.out;
+  // A report named *.svg (its default output) or --out naming the report: refused, the report kept.
+  const std::string report = small_report().dump();
+  std::ofstream(tmp.file("report.svg")) << report;
+  for (const std::string& out : {std::string(), " --out " + tmp.file("report.svg")}) {
+    r = kiln::test::run_kiln("bench chart --gpu-bench " + tmp.file("report.svg") + out);
+    EXPECT_NE(r.exit_code, 0) << out;
+    EXPECT_NE(r.out.find("is an input of this run"), std::string::npos) << r.out;
+    EXPECT_EQ(test::slurp(tmp.file("report.svg")), report);
+  }
+  r = kiln::test::run_kiln("bench chart --gpu-bench " + tmp.file("r.json") + " --out /nonexistent/c.svg");
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
 }
 
 }  // namespace

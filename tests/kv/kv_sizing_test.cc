@@ -42,6 +42,10 @@ TEST(KvSizing, ParsesMemorySizes) {
   EXPECT_THROW(parse_memory_size("lots", "--m"), Error);
   EXPECT_THROW(parse_memory_size("3X", "--m"), Error);
   EXPECT_THROW(parse_memory_size("-1G", "--m"), Error);
+  // Once accepted: 0 bytes (then read as "not given": 90% of memory), past int64, a second dot.
+  EXPECT_THROW(parse_memory_size("0.5", "--m"), Error);
+  EXPECT_THROW(parse_memory_size("99999999999T", "--m"), Error);
+  EXPECT_THROW(parse_memory_size("1.2.3K", "--m"), Error);
 }
 
 TEST(KvSizing, ReadsAvailableHostMemory) {

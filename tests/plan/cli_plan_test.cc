@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -123,6 +125,62 @@ TEST(PlanCli, ErrorsNameTheThingAtFault) {
   r = kiln("plan --model kimi-k2 --compare H200:8:foo=1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("foo"), std::string::npos) << r.out;
+}
+
+// Values that were silently read as "not given", or overflowed into a plan that "FITS".
+TEST(PlanCli, OutOfRangeValuesAreErrors) {
+  struct Case {
+    const char* args;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--input-len 9223372036854775807 --output-len 1", "--input-len"},
+           {"--concurrency 9223372036854775807", "--concurrency"},
+           {"--context 1", "--context 1 cannot hold one request"},
+           {"--gpus 4611686018427387904 --nodes 3", "--gpus"},
+           {"--gpu-price -5", "--gpu-price"},
+           {"--gpu-price nan", "--gpu-price"},
+           {"--gpu-price inf", "--gpu-price"},
+           {"--reserve-gib nan", "--reserve-gib"},
+           {"--pue inf", "--pue"},
+       }) {
+    CliRun r = kiln(std::string("plan --model deepseek-v3 --gpu H200 ") + c.args);
+    EXPECT_EQ(r.status, 1) << c.args << ": " << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
+  for (const char* price : {"-7", "nan", "3abc"}) {
+    CliRun r = kiln(std::string("plan --model deepseek-v3 --compare H200:price=") + price);
+    EXPECT_EQ(r.status, 1) << price << ": " << r.out;
+    EXPECT_NE(r.out.find("price must be"), std::string::npos) << price << ": " << r.out;
+  }
+  CliRun ok = kiln("plan --model deepseek-v3 --gpu H200 --gpu-price 0 --reserve-gib 0 --context 1424");
+  EXPECT_EQ(ok.status, 0) << ok.out;
+}
+
+// A malformed --catalog names the file and the field, never a library's message.
+TEST(PlanCli, MalformedCatalogNamesTheField) {
+  const std::string dir = testing::TempDir() + "/kiln_catalog_test";
+  std::filesystem::create_directories(dir);
+  const auto catalog =
+      std::filesystem::path(KILN_TEST_DATA).parent_path().parent_path() / "src" / "plan" / "hardware_catalog.json";
+  const nlohmann::json base = nlohmann::json::parse(std::ifstream(catalog));
+  auto run_with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = base;
+    edit(j);
+    std::ofstream(dir + "/c.json") << j.dump();
+    return kiln("plan --model deepseek-v3 --gpu H200 --catalog " + dir + "/c.json");
+  };
+  CliRun r = run_with([](nlohmann::json& j) { j["gpus"][0]["aliases"] = "h2"; });
+  EXPECT_NE(r.out.find("\"aliases\" must be a list of strings"), std::string::npos) << r.out;
+  r = run_with([](nlohmann::json& j) { j["gpus"][0]["vendor"] = 5; });
+  EXPECT_NE(r.out.find("\"vendor\" must be a string"), std::string::npos) << r.out;
+  r = run_with([](nlohmann::json& j) { j["gpus"][0]["hbm_visible_bytes"] = 1e300; });
+  EXPECT_NE(r.out.find("hbm_visible_bytes"), std::string::npos) << r.out;
+  r = run_with([](nlohmann::json& j) { j["gpus"][1]["name"] = j["gpus"][0]["name"]; });
+  EXPECT_NE(r.out.find("is taken by"), std::string::npos) << r.out;
+  r = kiln("plan --model deepseek-v3 --gpu H200 --catalog " + dir);
+  EXPECT_NE(r.out.find("not a file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.status, 1);
 }
 
 }  // namespace

@@ -44,6 +44,10 @@ TEST_F(Cli, Tokenize) {
   std::ofstream(f, std::ios::binary) << "Hello world";
   r = run("tokenize --tokenizer " + dir_ + " --text-file " + f.string() + " --json");
   EXPECT_EQ(r.out, "{\"ids\":[0,19923,2058]}\n");
+  // A folder opens as a stream that reads nothing: once an empty result and exit 0.
+  r = run("tokenize --tokenizer " + dir_ + " --text-file " + std::filesystem::temp_directory_path().string());
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("not a file"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, Detokenize) {
