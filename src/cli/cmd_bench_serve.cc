@@ -176,8 +176,8 @@ int run_bench_serve(const BenchServeArgs& a) {
   std::string svg = a.svg;
   if (svg.empty() && !a.out.empty()) svg = std::filesystem::path(a.out).replace_extension(".svg").string();
   if (!a.out.empty()) require_output_file(a.out, "--out", {a.dataset, a.tokenizer});
-  if (!svg.empty()) require_output_file(svg, "--svg", {a.dataset, a.tokenizer});
-  KILN_CHECK(a.out.empty() || svg != a.out,
+  if (!svg.empty()) require_output_file(svg, a.svg.empty() ? "--out's chart" : "--svg", {a.dataset, a.tokenizer});
+  KILN_CHECK(a.out.empty() || std::filesystem::weakly_canonical(svg) != std::filesystem::weakly_canonical(a.out),
              "--out {}: the chart goes beside the JSON report with .svg; give the report another name (or --svg)",
              a.out);
 

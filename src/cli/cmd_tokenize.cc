@@ -24,8 +24,8 @@ int run_tokenize(const TokenizeArgs& a) {
   KILN_CHECK(a.text_given != !a.text_file.empty(), "tokenize needs exactly one of --text or --text-file");
   std::string text = a.text;
   if (!a.text_file.empty()) {
-    std::error_code ec;  // a folder opens as a stream that reads nothing, silently
-    KILN_CHECK(std::filesystem::is_regular_file(a.text_file, ec), "--text-file {}: not a file", a.text_file);
+    std::error_code ec;  // a folder opens as a stream that reads nothing, silently (a pipe is fine)
+    KILN_CHECK(!std::filesystem::is_directory(a.text_file, ec), "--text-file {}: a folder, not a file", a.text_file);
     std::ifstream f(a.text_file, std::ios::binary);
     KILN_CHECK(f, "cannot open --text-file {}", a.text_file);
     std::ostringstream ss;

@@ -71,9 +71,11 @@ void require_output_file(const std::string& path, const std::string& flag, const
     KILN_CHECK(!fs::equivalent(path, in, ec), "{} {}: is an input of this run; writing it would destroy it", flag,
                path);
   const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-  KILN_CHECK(fs::is_directory(dir, ec), "{} {}: the folder {} does not exist", flag, path, dir.string());
-  KILN_CHECK(::access(dir.c_str(), W_OK) == 0 && (!fs::exists(path, ec) || ::access(path.c_str(), W_OK) == 0),
-             "{} {}: cannot write there ({})", flag, path, std::strerror(errno));
+  // An existing file (or /dev/stdout) needs only itself writable; a new one, its folder.
+  const bool exists = fs::exists(path, ec);
+  KILN_CHECK(exists || fs::is_directory(dir, ec), "{} {}: the folder {} does not exist", flag, path, dir.string());
+  KILN_CHECK(::access(exists ? path.c_str() : dir.c_str(), W_OK) == 0, "{} {}: cannot write there ({})", flag, path,
+             std::strerror(errno));
 }
 
 std::unique_ptr<ops::Backend> make_backend(const std::string& device) {

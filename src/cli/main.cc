@@ -17,8 +17,9 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln: serve, benchmark and plan DeepSeek-V3-family MoE/MLA models"};
   app.require_subcommand(1);
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))  // spdlog turns any other name into "off"
+  // spdlog reads a name it does not know as "off": a typo would silence everything.
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical, off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
   std::function<int()> action;
   for (auto& cmd : kiln::cli::command_registry()) {

@@ -21,8 +21,8 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
   }
   int64_t limit = c.max_position_embeddings;
   if (cfg_.max_model_len > limit)  // positions past the model's are untrained (and past YaRN's range)
-    spdlog::warn("max model length {} exceeds the model's max_position_embeddings {}: using {}", cfg_.max_model_len,
-                 limit, limit);
+    spdlog::warn("max model length {} exceeds the model's max_position_embeddings {}: capping at {}",
+                 cfg_.max_model_len, limit, limit);
   if (cfg_.max_model_len > 0) limit = std::min(limit, cfg_.max_model_len);
   const int64_t free_bytes = model.backend().free_memory_bytes();
   plan_ = kv::plan_kv_cache(cfg_.kv, bs, bytes_per_token, free_bytes, cfg_.scheduler.max_num_seqs * limit);

@@ -98,7 +98,7 @@ const std::vector<GpuSpec>& builtin_catalog() {
 
 std::vector<GpuSpec> load_catalog(const std::string& path) {
   std::error_code ec;  // a folder opens as a stream whose read fails with a library message
-  KILN_CHECK(std::filesystem::is_regular_file(path, ec), "hardware catalog {}: not a file", path);
+  KILN_CHECK(!std::filesystem::is_directory(path, ec), "hardware catalog {}: a folder, not a file", path);
   std::ifstream f(path);
   KILN_CHECK(f.good(), "cannot open hardware catalog {}", path);
   json j;

@@ -210,8 +210,15 @@ void Server::handle_generate(const httplib::Request& req, httplib::Response& res
     res.set_content(dump(error_body(e)) + "\n", "application/json");
   };
   try {
-    // Read first, whatever the answer: an unread body would be taken for the connection's next request.
-    const std::string text = read_body(req, res, reader);
+    // Read first, whatever the answer: an unread body would be taken for the connection's next
+    // request. A client without the key hears 401 before anything about its body.
+    std::string text;
+    try {
+      text = read_body(req, res, reader);
+    } catch (const ApiError&) {
+      if (!authorized(req, res)) return;
+      throw;
+    }
     if (!authorized(req, res)) return;
     const json body = parse_json_body(text);
     const ParsedRequest p = chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);

@@ -38,7 +38,9 @@ bool same_secret(const std::string& a, const std::string& b) {
 // How far past the limit an over-limit body is still read, and dropped, so that the connection's
 // next request starts where it should: httplib 0.11 keeps a connection open whatever the handler
 // answers, so unread body bytes would be parsed as requests. Past this the client is abusive and
-// reading stops (what follows is then answered as malformed requests).
+// reading stops (what follows is then answered as malformed requests). Not covered, as httplib
+// 0.11 reads no such body for a handler: a chunked DELETE, a GET/HEAD/OPTIONS with a body, and a
+// multipart body its parser gives up on (no boundary, an oversized part header).
 constexpr size_t kDrainFactor = 8;
 
 struct BodyRead {
@@ -63,7 +65,8 @@ BodyRead drain_body(const httplib::Request& req, const httplib::ContentReader& r
     return seen <= kDrainFactor * limit;
   };
   // A multipart body goes through httplib's multipart reader only (the plain one would call an
-  // empty callback); its parts are dropped the same way.
+  // empty callback); the parts' contents are dropped the same way (boundaries and part headers are
+  // not counted against the cap).
   r.complete = req.is_multipart_form_data() ? reader([](const httplib::MultipartFormData&) { return true; }, take)
                                             : reader(take);
   return r;
@@ -206,7 +209,7 @@ void Server::routes() {
   });
   // These read their bodies themselves (Server::read_body): httplib 0.11 bounds only bodies with a
   // Content-Length by set_payload_max_length, and a chunked one once grew without end. So does
-  // every other request that may carry a body (below).
+  // every other POST, PUT, PATCH and DELETE (below).
   s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
                                         const httplib::ContentReader& body) { handle_generate(req, res, body, true); });
   s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
@@ -217,7 +220,8 @@ void Server::routes() {
   };
   for (const char* p : {"/v1/chat/completions", "/v1/completions"}) s.Get(p, not_allowed);
   // Any other POST, PUT, PATCH or DELETE: its body read (bounded, dropped), then 405 on a known path
-  // and 404 elsewhere.
+  // and 404 elsewhere. Any path: httplib matches the decoded path, and ECMAScript's "." stops at a
+  // newline, so ".*" let "/a%0Ab" through to httplib's own unbounded read.
   auto no_route = [this, not_allowed](const httplib::Request& req, httplib::Response& res,
                                       const httplib::ContentReader& reader) {
     drain_body(req, reader, cfg_.max_body_bytes);
@@ -226,10 +230,11 @@ void Server::routes() {
     if (known.count(req.path) || req.path.rfind("/v1/models/", 0) == 0) return not_allowed(req, res);
     send_error(res, ApiError(404, fmt::format("no route for {} {}", req.method, req.path)));
   };
-  s.Post(".*", no_route);
-  s.Put(".*", no_route);
-  s.Patch(".*", no_route);
-  s.Delete(".*", no_route);
+  const std::string any_path = R"([\s\S]*)";
+  s.Post(any_path, no_route);
+  s.Put(any_path, no_route);
+  s.Patch(any_path, no_route);
+  s.Delete(any_path, no_route);
 
   // httplib answers some errors itself (unknown path, 413 body too large, unparseable HTTP):
   // give them the OpenAI body too.

@@ -171,15 +171,19 @@ TEST(PlanCli, MalformedCatalogNamesTheField) {
     return kiln("plan --model deepseek-v3 --gpu H200 --catalog " + dir + "/c.json");
   };
   CliRun r = run_with([](nlohmann::json& j) { j["gpus"][0]["aliases"] = "h2"; });
+  EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("\"aliases\" must be a list of strings"), std::string::npos) << r.out;
   r = run_with([](nlohmann::json& j) { j["gpus"][0]["vendor"] = 5; });
+  EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("\"vendor\" must be a string"), std::string::npos) << r.out;
   r = run_with([](nlohmann::json& j) { j["gpus"][0]["hbm_visible_bytes"] = 1e300; });
+  EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("hbm_visible_bytes"), std::string::npos) << r.out;
   r = run_with([](nlohmann::json& j) { j["gpus"][1]["name"] = j["gpus"][0]["name"]; });
+  EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.out.find("is taken by"), std::string::npos) << r.out;
   r = kiln("plan --model deepseek-v3 --gpu H200 --catalog " + dir);
-  EXPECT_NE(r.out.find("not a file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a folder, not a file"), std::string::npos) << r.out;
   EXPECT_EQ(r.status, 1);
 }
 

@@ -4,14 +4,14 @@ import assert from "node:assert/strict";
 import net from "node:net";
 
 // A body sent in chunks (no Content-Length), 9 MB against the default 8 MB limit, then, once it
-// is answered, a second request on the same connection: 413, then that request's own answer.
+// is answered, a second request on the same connection: `status`, then that request's own answer.
 // httplib bounded only Content-Length bodies (a chunked one grew the server without end), and a
 // body left unread would be parsed as the connection's next requests. (The second request waits
 // for the first answer: httplib 0.11 does not serve pipelined requests.)
-function chunkedBodyOverLimit(base) {
+function chunkedBodyOverLimit(base, path, status) {
   return new Promise((resolve, reject) => {
     const { hostname, port } = new URL(base);
-    const parts = ["POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+    const parts = [`POST ${path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
       "Transfer-Encoding: chunked\r\n\r\n"];
     const piece = "x".repeat(1 << 20);
     for (let i = 0; i < 9; i++) parts.push(`${piece.length.toString(16)}\r\n${piece}\r\n`);
@@ -23,17 +23,18 @@ function chunkedBodyOverLimit(base) {
       sock.destroy();
       err ? reject(err) : resolve();
     };
-    const timer = setTimeout(() => done(new Error(`chunked body: no two answers in 30 s: ${text.slice(0, 300)}`)), 30000);
+    const timer = setTimeout(() => done(new Error(`${path}: no two answers in 30 s: ${text.slice(0, 300)}`)), 30000);
     sock.on("data", (d) => {
       text += d;
-      if (!asked && text.includes("limit of")) {
-        asked = true;  // the 413's body has arrived: the next request on the same connection
+      const head = text.indexOf("\r\n\r\n"), length = /content-length: (\d+)/i.exec(text);
+      if (!asked && head >= 0 && length && text.length >= head + 4 + Number(length[1])) {
+        asked = true;  // the first answer is whole: the next request on the same connection
         sock.write("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
       }
       if (!text.includes('{"status":"ok"}')) return;
       try {
         const statuses = [...text.matchAll(/^HTTP\/1\.1 (\d+)/gm)].map((m) => m[1]);
-        assert.deepEqual(statuses, ["413", "200"], text.slice(0, 600));
+        assert.deepEqual(statuses, [String(status), "200"], text.slice(0, 600));
         done();
       } catch (e) {
         done(e);
@@ -152,8 +153,13 @@ export async function bad(base, model) {
     console.log(`ok   ${status} ${name}`);
   }
   console.log(`${cases.length} bad inputs answered correctly`);
-  await chunkedBodyOverLimit(base);
-  console.log("ok   413 a chunked body over the size limit");
+  await chunkedBodyOverLimit(base, "/v1/completions", 413);
+  console.log("ok   413 a chunked body over the size limit, the connection still in step");
+  // A newline in the decoded path slipped past a ".*" route to httplib's own read, which buffered
+  // the body whole: the answers were the same, the memory not (not seen from here). This checks
+  // that the catch-all's drain keeps such a connection in step.
+  await chunkedBodyOverLimit(base, "/a%0Ab", 404);
+  console.log("ok   404 a chunked body to a path with a newline, the connection still in step");
   // A NUL in what the client sent is echoed whole, not cut at it.
   const nul = await (await fetch(base + "/v1/models/a%00b")).json();
   assert.ok(nul.error.message.includes("a\u0000b"), `NUL: ${JSON.stringify(nul)}`);

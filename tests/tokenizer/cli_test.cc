@@ -47,7 +47,7 @@ TEST_F(Cli, Tokenize) {
   // A folder opens as a stream that reads nothing: once an empty result and exit 0.
   r = run("tokenize --tokenizer " + dir_ + " --text-file " + std::filesystem::temp_directory_path().string());
   EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("not a file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a folder, not a file"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, Detokenize) {
