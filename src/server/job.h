@@ -79,15 +79,17 @@ struct TokenText {
   const tok::Tokenizer& tok;
   const TokenVocab& vocab;
   std::string text(int32_t id) const { return tok.decode(std::vector<uint32_t>{static_cast<uint32_t>(id)}); }
-  std::string bytes(int32_t id) const {
-    return id >= 0 && static_cast<size_t>(id) < vocab.size() ? vocab.bytes(id) : std::string();
+  const std::string& bytes(int32_t id) const {
+    static const std::string none;
+    return id >= 0 && static_cast<size_t>(id) < vocab.size() ? vocab.bytes(id) : none;
   }
 };
 
 std::string dump(const nlohmann::json& j);
 nlohmann::json chat_logprobs(const TokenText& t, const OutputChunk& c);
-// The legacy completions arrays for the generated tokens, text_offset counting from `offset`.
-nlohmann::json completion_logprobs(const TokenText& t, const OutputChunk& c, size_t offset);
+// The legacy completions arrays for the generated tokens, text_offset counting from `offset`, which
+// is advanced past their bytes (where the next chunk's tokens start).
+nlohmann::json completion_logprobs(const TokenText& t, const OutputChunk& c, size_t& offset);
 // echo + logprobs: the prompt's tokens from offset 0 (the first with null), then those of `c`.
 nlohmann::json echo_logprobs(const TokenText& t, const std::vector<int32_t>& prompt, const OutputChunk& p,
                              bool alternatives, const OutputChunk* c, size_t completion_offset);

@@ -61,11 +61,12 @@ json chat_logprobs(const TokenText& t, const OutputChunk& c) {
   return {{"content", content}};
 }
 
-json completion_logprobs(const TokenText& t, const OutputChunk& c, size_t offset) {
+json completion_logprobs(const TokenText& t, const OutputChunk& c, size_t& offset) {
   LegacyLogprobs out;
   out.offset = offset;
   for (size_t i = 0; i < c.logprobs.size() && i < c.token_ids.size(); ++i)
     out.add(t, c.token_ids[i], c.logprobs[i], c.top.empty() ? nullptr : &c.top[i]);
+  offset = out.offset;
   return out.to_json();
 }
 
@@ -143,8 +144,10 @@ json Server::json_body(Job& job) {
       else if (job.echo)
         choice["logprobs"] = echo_logprobs(TokenText{tok_, vocab()}, job.prompts[c.prompt], c.all, job.top_logprobs > 0,
                                            &c.all, prefix.size());
-      else
-        choice["logprobs"] = completion_logprobs(TokenText{tok_, vocab()}, c.all, 0);
+      else {
+        size_t offset = 0;
+        choice["logprobs"] = completion_logprobs(TokenText{tok_, vocab()}, c.all, offset);
+      }
     }
     choices.push_back(choice);
   }
@@ -282,9 +285,6 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& 
                     ? (job->chat ? chat_logprobs(TokenText{tok_, vocab()}, *chunk)
                                  : completion_logprobs(TokenText{tok_, vocab()}, *chunk, c.text_offset))
                     : json(nullptr);
-      if (!job->chat && lp.is_object())
-        for (size_t i = 0; i < chunk->logprobs.size() && i < chunk->token_ids.size(); ++i)
-          c.text_offset += TokenText{tok_, vocab()}.bytes(chunk->token_ids[i]).size();
       if (job->chat) {
         if (!d.content.empty() || !d.reasoning.empty() || !lp.is_null()) {
           json delta = {{"content", d.content}};

@@ -37,7 +37,8 @@ TEST(ResponseLogprobs, BytesAndOffsetsSpellSplitCharacters) {
   EXPECT_TRUE(split) << "no token split a character: the check above proves less";
 
   const size_t from = 7;  // offsets count from the text before (a prompt, an earlier chunk)
-  const json legacy = response::completion_logprobs(text_of, c, from);
+  size_t offset = from;   // advanced past the chunk
+  const json legacy = response::completion_logprobs(text_of, c, offset);
   const json& off = legacy["text_offset"];
   ASSERT_EQ(off.size(), c.token_ids.size());
   size_t at = from;
