@@ -25,18 +25,7 @@ done
 [ "${1:-}" = -- ] && shift  # the rest goes to kiln-gpu-bench
 [ ${#parts[@]} -gt 0 ] || parts=(tests bench)
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/kiln-gpu-out}
-mkdir -p "$OUT"
-# The device tool carries .gpuz/gpu.tar.xz (made by scripts/gpu-build.sh --pack): .gpu is too big.
-# A warm machine keeps the .gpu an earlier call unpacked (ignored outputs stay), so the archive,
-# when there is one, replaces it every time.
-if [ -f .gpuz/gpu.tar.xz ]; then rm -rf .gpu && tar -xJf .gpuz/gpu.tar.xz; fi
-export LD_LIBRARY_PATH="$PWD/.gpu/lib:${LD_LIBRARY_PATH:-}"
-# The binaries carry the paths they were built with (the lead worktree): recreate them here.
-BUILT=$(cat .gpu/built_at)
-mkdir -p "$BUILT/build-gpu/src/cli" && cp .gpu/kiln "$BUILT/build-gpu/src/cli/kiln"
-[ -e "$BUILT/tests" ] || ln -s "$PWD/tests" "$BUILT/tests"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
+source scripts/gpu-env.sh
 status=0
 BENCH=(.gpu/kiln --log-level warn bench model --device cuda --config bench/configs/moonlight-16b-a3b.json --random-weights)
 
@@ -49,8 +38,8 @@ part_tests() {
   echo "== engine on CUDA: bundled model, greedy, same tokens as the CPU"
   PROMPT=$(python3 -c "import json; h=json.load(open('models/kiln-tiny/heldout.json')); print(','.join(map(str, h['ids'][:48])))")
   .gpu/kiln --log-level warn generate --model models/kiln-tiny --device cpu --prompt-ids "$PROMPT" --max-tokens 32 --temperature 0 --json > "$OUT/gen_cpu.json"
-  .gpu/kiln --log-level info generate --model models/kiln-tiny --device cuda --prompt-ids "$PROMPT" --max-tokens 32 --temperature 0 --json > "$OUT/gen_cuda.json" 2> "$OUT/gen_cuda.log"
-  .gpu/kiln --log-level info generate --model models/kiln-tiny --device cuda --enforce-eager --prompt-ids "$PROMPT" --max-tokens 32 --temperature 0 --json > "$OUT/gen_cuda_eager.json" 2> "$OUT/gen_cuda_eager.log"
+  .gpu/kiln --log-level info generate --model models/kiln-tiny --device cuda --activation-dtype f32 --prompt-ids "$PROMPT" --max-tokens 32 --temperature 0 --json > "$OUT/gen_cuda.json" 2> "$OUT/gen_cuda.log"
+  .gpu/kiln --log-level info generate --model models/kiln-tiny --device cuda --activation-dtype f32 --enforce-eager --prompt-ids "$PROMPT" --max-tokens 32 --temperature 0 --json > "$OUT/gen_cuda_eager.json" 2> "$OUT/gen_cuda_eager.log"
   python3 - "$OUT" <<'PY' || status=1
 import json, sys
 o = sys.argv[1]

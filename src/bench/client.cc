@@ -404,29 +404,49 @@ RunResult run_requests(const ClientConfig& cfg, const std::vector<Prompt>& promp
   return d.run();
 }
 
-nlohmann::json fetch_models(const std::string& base_url, const std::string& api_key, double timeout_s) {
+namespace {
+
+// GET url: the HTTP status and body, or an error message when the request failed.
+struct GetResult {
+  long status = 0;
+  std::string body, error;
+};
+GetResult http_get(const std::string& url, const std::string& api_key, double timeout_s) {
   global_init();
+  GetResult r;
   CURL* e = curl_easy_init();
-  if (!e) return {{"error", "curl_easy_init failed"}};
-  std::string body, url = normalize_base_url(base_url) + "/v1/models";
+  if (!e) return {0, {}, "curl_easy_init failed"};
   curl_slist* h = nullptr;
   if (!api_key.empty()) h = curl_slist_append(h, ("Authorization: Bearer " + api_key).c_str());
   curl_easy_setopt(e, CURLOPT_URL, url.c_str());
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &append_to_string);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &r.body);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_s * 1000));
   const CURLcode rc = curl_easy_perform(e);
-  long status = 0;
-  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
   curl_slist_free_all(h);
   curl_easy_cleanup(e);
-  if (rc != CURLE_OK) return {{"error", fmt::format("GET {}: {}", url, curl_easy_strerror(rc))}};
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (status != 200 || j.is_discarded())
-    return {{"error", fmt::format("GET {}: HTTP {}: {}", url, status, body.substr(0, 300))}};
+  if (rc != CURLE_OK) r.error = fmt::format("GET {}: {}", url, curl_easy_strerror(rc));
+  return r;
+}
+
+}  // namespace
+
+nlohmann::json fetch_models(const std::string& base_url, const std::string& api_key, double timeout_s) {
+  const std::string url = normalize_base_url(base_url) + "/v1/models";
+  const GetResult r = http_get(url, api_key, timeout_s);
+  if (!r.error.empty()) return {{"error", r.error}};
+  nlohmann::json j = nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  if (r.status != 200 || j.is_discarded())
+    return {{"error", fmt::format("GET {}: HTTP {}: {}", url, r.status, r.body.substr(0, 300))}};
   return j;
+}
+
+std::string fetch_metrics(const std::string& base_url, const std::string& api_key, double timeout_s) {
+  const GetResult r = http_get(normalize_base_url(base_url) + "/metrics", api_key, timeout_s);
+  return r.error.empty() && r.status == 200 ? r.body : std::string();
 }
 
 void request_stop() {

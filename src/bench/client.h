@@ -60,6 +60,8 @@ RunResult run_requests(const ClientConfig& cfg, const std::vector<Prompt>& promp
 
 // GET /v1/models: the answer as JSON, or {"error": ...} when it failed.
 nlohmann::json fetch_models(const std::string& base_url, const std::string& api_key, double timeout_s = 10);
+// GET /metrics (Prometheus text); empty when the server has none or the request failed.
+std::string fetch_metrics(const std::string& base_url, const std::string& api_key, double timeout_s = 10);
 
 // Async-signal-safe: asks a running run_requests to stop; stays set until clear_stop().
 void request_stop();

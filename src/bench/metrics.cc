@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <sstream>
 
 #include "bench/cost.h"
 
@@ -129,11 +131,55 @@ nlohmann::json to_json(const PointSummary& s) {
                       {"usd_per_million_output_tokens", s.usd_per_million_output_tokens},
                       {"client_cpu_s", s.client_cpu_s},
                       {"client_cpu_utilization", s.client_cpu_utilization}};
+  if (s.engine) {
+    const double steps = std::max(1.0, s.engine->steps);
+    j["engine"] = {{"steps", s.engine->steps},
+                   {"schedule_s", s.engine->schedule_s},
+                   {"forward_s", s.engine->forward_s},
+                   {"post_s", s.engine->post_s},
+                   {"ms_per_step",
+                    {{"schedule", 1e3 * s.engine->schedule_s / steps},
+                     {"forward", 1e3 * s.engine->forward_s / steps},
+                     {"post", 1e3 * s.engine->post_s / steps}}},
+                   {"busy_fraction", s.engine_busy_fraction}};
+  }
   if (s.cost.kw_per_gpu > 0) {
     j["joules_per_output_token"] = s.joules_per_output_token;
     j["usd_per_million_output_tokens_with_power"] = s.usd_per_million_output_tokens_with_power;
   }
   return j;
+}
+
+std::optional<EnginePhases> parse_engine_phases(const std::string& text) {
+  EnginePhases p;
+  bool any = false;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t space = line.rfind(' ');
+    if (line.empty() || line[0] == '#' || space == std::string::npos) continue;
+    const std::string name = line.substr(0, space);
+    double* field = name == "kiln_engine_phase_seconds_total{phase=\"schedule\"}"  ? &p.schedule_s
+                    : name == "kiln_engine_phase_seconds_total{phase=\"forward\"}" ? &p.forward_s
+                    : name == "kiln_engine_phase_seconds_total{phase=\"post\"}"    ? &p.post_s
+                    : name == "kiln_engine_steps_total"                            ? &p.steps
+                                                                                   : nullptr;
+    if (!field) continue;
+    char* end = nullptr;
+    const std::string value = line.substr(space + 1);
+    const double v = std::strtod(value.c_str(), &end);
+    if (end == value.c_str() || !std::isfinite(v)) continue;
+    *field = v;
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return p;
+}
+
+std::optional<EnginePhases> engine_phases_between(const std::optional<EnginePhases>& before,
+                                                  const std::optional<EnginePhases>& after) {
+  if (!before || !after) return std::nullopt;
+  return EnginePhases{after->schedule_s - before->schedule_s, after->forward_s - before->forward_s,
+                      after->post_s - before->post_s, after->steps - before->steps};
 }
 
 nlohmann::json to_json(const RequestRecord& r, int64_t point) {

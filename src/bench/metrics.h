@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ struct CostSpec {
 // Fills output_tokens / prompt_tokens of every record: the server's usage when it sent one, else
 // the model tokenizer's count of the text (when `tok` is exact), else the number of token events.
 void count_tokens(std::vector<RequestRecord>& records, const PromptTokenizer* tok);
+
+// The engine loop's counters as a Kiln server's /metrics reports them.
+struct EnginePhases {
+  double schedule_s = 0, forward_s = 0, post_s = 0;
+  double steps = 0;
+};
 
 struct PointSummary {
   int64_t concurrency = 0;                                        // the concurrency limit asked for; 0: none
@@ -64,7 +71,18 @@ struct PointSummary {
   double usd_per_million_output_tokens_with_power = 0;  // GPU-hours + electricity
   double client_cpu_s = 0;                              // the load generator's CPU time in the point
   double client_cpu_utilization = 0;                    // client_cpu_s / duration: near 1 means saturated
+  // A Kiln server's engine loop over the point (its /metrics before and after): seconds per
+  // phase and the forward's share of the point's wall time, which bounds the device's busy time.
+  std::optional<EnginePhases> engine;
+  double engine_busy_fraction = 0;
 };
+
+// Reads kiln_engine_phase_seconds_total and kiln_engine_steps_total from a Prometheus text page;
+// nothing when the page has none of them (not a Kiln server).
+std::optional<EnginePhases> parse_engine_phases(const std::string& metrics_text);
+// after - before, phase by phase; nothing unless both are known.
+std::optional<EnginePhases> engine_phases_between(const std::optional<EnginePhases>& before,
+                                                  const std::optional<EnginePhases>& after);
 
 // `max_in_flight`, `client_cpu_s`: from the RunResult; the rest from the records.
 PointSummary summarize(const std::vector<RequestRecord>& records, double duration_s, const CostSpec& cost,

@@ -91,10 +91,14 @@ BenchResult run_bench(BenchConfig& cfg, const PromptTokenizer& tok) {
     };
     PointResult pr;
     pr.spec = spec;
+    const auto before = parse_engine_phases(fetch_metrics(cfg.client.base_url, cfg.client.api_key));
     pr.run = run_requests(cfg.client, prompts, opt);
+    const auto after = parse_engine_phases(fetch_metrics(cfg.client.base_url, cfg.client.api_key));
     bar.finish(last);
     count_tokens(pr.run.records, &tok);
     pr.summary = summarize(pr.run.records, pr.run.duration_s, cfg.cost, pr.run.max_in_flight, pr.run.client_cpu_s);
+    if ((pr.summary.engine = engine_phases_between(before, after)) && pr.run.duration_s > 0)
+      pr.summary.engine_busy_fraction = pr.summary.engine->forward_s / pr.run.duration_s;
     pr.summary.concurrency = spec.concurrency;
     pr.summary.request_rate = spec.request_rate;
     out.interrupted |= pr.run.interrupted;

@@ -23,7 +23,8 @@ namespace kiln::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model, device = "cpu", served_name, kv_cache_memory, tool_parser = "auto", reasoning = "auto";
+  std::string model, tokenizer, load_format = "auto", device = "auto", served_name, kv_cache_memory,
+                                tool_parser = "auto", reasoning = "auto";
   Precision precision;
   server::ServerConfig cfg;
   int tp = 1;
@@ -72,10 +73,11 @@ int run_serve(ServeArgs a) {
   std::signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
 
-  tok::Tokenizer tokenizer = tok::Tokenizer::load(a.model);
+  const std::string& tokenizer_dir = a.tokenizer.empty() ? a.model : a.tokenizer;
+  tok::Tokenizer tokenizer = tok::Tokenizer::load(tokenizer_dir);
   std::optional<tok::ChatTemplate> tmpl;
   try {
-    tmpl = tok::ChatTemplate::load(a.model);
+    tmpl = tok::ChatTemplate::load(tokenizer_dir);
   } catch (const Error& e) {
     spdlog::warn("no chat template ({}); /v1/chat/completions will answer 400", e.what());
   }
@@ -96,7 +98,10 @@ int run_serve(ServeArgs a) {
              "--reasoning-parser must be auto, on or off, got '{}'", a.reasoning);
   a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
 
-  LoadedModel m = load_model(a.model, a.device, a.precision);
+  LoadedModel m = load_model(a.model, a.device, a.precision, a.load_format);
+  if (static_cast<int64_t>(tokenizer.vocab_size()) > m.model->config().vocab_size)  // such prompts get a 400
+    spdlog::warn("the tokenizer in {} has {} tokens, more than the model's vocabulary of {}", tokenizer_dir,
+                 tokenizer.vocab_size(), m.model->config().vocab_size);
   EngineConfig ec;
   ec.block_size = a.block_size;
   ec.scheduler.max_num_seqs = a.max_num_seqs;
@@ -108,7 +113,7 @@ int run_serve(ServeArgs a) {
     ec.kv.num_blocks = a.num_kv_blocks;
   else if (!a.kv_cache_memory.empty())
     ec.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
-  else if (a.device == "cpu")  // host memory is shared with everything else: a modest default
+  else if (m.backend->device() == Device::CPU)  // host memory is shared with everything else: a modest default
     ec.kv.memory_bytes = int64_t{256} << 20;
   else
     ec.kv.memory_fraction = a.kv_fraction;
@@ -130,7 +135,7 @@ int run_serve(ServeArgs a) {
     srv.shutdown();
   });
   spdlog::info("serving '{}' on http://{}:{} ({}, tool calls: {}, reasoning: {}, auth: {})", a.served_name, a.cfg.host,
-               srv.port(), a.device,
+               srv.port(), m.backend->name(),
                a.cfg.tool_format == server::ToolFormat::KimiK2       ? "kimi_k2"
                : a.cfg.tool_format == server::ToolFormat::DeepSeekV3 ? "deepseek_v3"
                                                                      : "none",
@@ -152,7 +157,11 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_option("--model", a->model, "checkpoint directory")->required();
   sub.add_option("--host", c.host, "address to bind (0.0.0.0 to expose)")->capture_default_str();
   sub.add_option("--port", c.port, "port (0: any free port)")->capture_default_str();
-  sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  sub.add_option("--tokenizer", a->tokenizer, "tokenizer and chat template directory (default: --model)");
+  sub.add_option("--load-format", a->load_format,
+                 "auto (the checkpoint) or dummy (random weights of config.json's shapes, for benchmarks)")
+      ->capture_default_str();
+  sub.add_option("--device", a->device, "cpu, cuda, or auto (cuda when a GPU is present)")->capture_default_str();
   add_precision_options(sub, a->precision);
   sub.add_option("--tp", a->tp, "tensor-parallel GPUs")->capture_default_str();
   sub.add_option("--api-key", c.api_key, "require 'Authorization: Bearer KEY' (or set KILN_API_KEY)");

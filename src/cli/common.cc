@@ -79,8 +79,8 @@ void require_output_file(const std::string& path, const std::string& flag, const
 }
 
 std::unique_ptr<ops::Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return ops::make_cpu_backend();
-  KILN_CHECK(device == "cuda", "--device must be cpu or cuda, got \"{}\"", device);
+  if (device == "cpu" || (device == "auto" && !ops::cuda_available())) return ops::make_cpu_backend();
+  KILN_CHECK(device == "cuda" || device == "auto", "--device must be cpu, cuda or auto, got \"{}\"", device);
   return ops::make_cuda_backend();
 }
 
@@ -88,9 +88,9 @@ void add_precision_options(CLI::App& sub, Precision& p) {
   sub.add_option("--kv-cache-dtype", p.kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
       ->capture_default_str();
   sub.add_option("--activation-dtype", p.activation_dtype,
-                 "activations of the tensor-core GEMMs (prefill-sized layers and experts), CUDA: f32 (split into "
-                 "bf16 hi + lo parts: the reference's precision at twice the tensor work) or bf16 (rounded once, as "
-                 "vLLM and SGLang; twice the rate)")
+                 "activations of the tensor-core GEMMs (prefill-sized layers and experts), CUDA: auto (bf16), "
+                 "bf16 (rounded once, as vLLM and SGLang) or f32 (split into bf16 hi + lo parts: the reference's "
+                 "precision at twice the tensor work)")
       ->capture_default_str();
   sub.add_option("--expert-activation-dtype", p.expert_activation_dtype,
                  "the same for the MoE experts' GEMMs (routed and shared) alone, CUDA: auto (as "
@@ -102,9 +102,9 @@ void add_precision_options(CLI::App& sub, Precision& p) {
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model) {
   KILN_CHECK(p.kv_dtype == "auto" || p.kv_dtype == "bf16" || p.kv_dtype == "f32",
              "--kv-cache-dtype must be auto, bf16 or f32, got \"{}\"", p.kv_dtype);
-  KILN_CHECK(p.activation_dtype == "f32" || p.activation_dtype == "bf16",
-             "--activation-dtype must be f32 or bf16, got \"{}\"", p.activation_dtype);
-  KILN_CHECK(p.activation_dtype == "f32" || backend.device() == Device::CUDA,
+  KILN_CHECK(p.activation_dtype == "auto" || p.activation_dtype == "f32" || p.activation_dtype == "bf16",
+             "--activation-dtype must be auto, f32 or bf16, got \"{}\"", p.activation_dtype);
+  KILN_CHECK(p.activation_dtype != "bf16" || backend.device() == Device::CUDA,
              "--activation-dtype bf16 needs --device cuda (the CPU reference keeps f32 activations)");
   KILN_CHECK(
       p.expert_activation_dtype == "auto" || p.expert_activation_dtype == "f32" || p.expert_activation_dtype == "bf16",
@@ -112,15 +112,29 @@ void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model&
   KILN_CHECK(p.expert_activation_dtype != "bf16" || backend.device() == Device::CUDA,
              "--expert-activation-dtype bf16 needs --device cuda (the CPU reference keeps f32 activations)");
   if (p.kv_dtype != "auto") model.set_kv_dtype(p.kv_dtype == "bf16" ? DType::BF16 : DType::F32);
-  backend.set_activation_dtype(p.activation_dtype == "bf16" ? DType::BF16 : DType::F32);
+  // auto: bf16 on CUDA as vLLM and SGLang run (the logprob cost is in docs/results.md); the CPU
+  // reference keeps f32.
+  const bool bf16 = p.activation_dtype == "bf16" || (p.activation_dtype == "auto" && backend.device() == Device::CUDA);
+  backend.set_activation_dtype(bf16 ? DType::BF16 : DType::F32);
   if (p.expert_activation_dtype != "auto")
     backend.set_expert_activation_dtype(p.expert_activation_dtype == "bf16" ? DType::BF16 : DType::F32);
 }
 
-LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision) {
+LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision,
+                       const std::string& load_format) {
+  KILN_CHECK(load_format == "auto" || load_format == "dummy", "--load-format must be auto or dummy, got \"{}\"",
+             load_format);
   LoadedModel m;
   m.backend = make_backend(device);
-  m.model = DeepseekV3Model::load(dir, *m.backend);
+  if (load_format == "dummy") {
+    const std::string config = (std::filesystem::path(dir) / "config.json").string();
+    ModelConfig c = load_model_config(config);
+    spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
+    ModelWeights w = random_weights(c, *m.backend, /*seed=*/0);
+    m.model = std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), *m.backend);
+  } else {
+    m.model = DeepseekV3Model::load(dir, *m.backend);
+  }
   apply_precision(precision, *m.backend, *m.model);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,
                m.model->config().num_attention_heads, m.backend->name());

@@ -22,6 +22,7 @@ std::vector<int64_t> parse_counts(const std::string& s, const std::string& flag)
 // and it is not a folder, nor any of `inputs`. Checked before a long run, not after it.
 void require_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs = {});
 
+// "cpu", "cuda", or "auto" (CUDA when a GPU is present, else the CPU).
 std::unique_ptr<ops::Backend> make_backend(const std::string& device);
 
 // One backend and the model on it.
@@ -31,14 +32,17 @@ struct LoadedModel {
 };
 // Number formats a run chooses (the same flags on generate, score, serve and bench model).
 struct Precision {
-  std::string kv_dtype = "auto";                 // latent KV cache: auto (the backend's), bf16 or f32
-  std::string activation_dtype = "f32";          // tensor-core GEMM activations: f32 (hi/lo split) or bf16
+  std::string kv_dtype = "auto";          // latent KV cache: auto (the backend's), bf16 or f32
+  std::string activation_dtype = "auto";  // tensor-core GEMM activations: auto (bf16 on CUDA), f32 (hi/lo split), bf16
   std::string expert_activation_dtype = "auto";  // the MoE experts' alone: auto (as above), f32 or bf16
 };
 void add_precision_options(CLI::App& sub, Precision& p);
 // Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
 
-LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision = {});
+// load_format: "auto" reads the checkpoint's safetensors; "dummy" gives random weights of the
+// shapes in dir/config.json (vLLM's spelling), for serving benchmarks at any model shape.
+LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision = {},
+                       const std::string& load_format = "auto");
 
 }  // namespace kiln::cli

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -35,8 +36,14 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
   if (cfg_.prefix_caching) cache_ = std::make_unique<kv::RadixCache>(*alloc_, bs);
   scheduler_ = std::make_unique<Scheduler>(cfg_.scheduler, *alloc_, cache_.get(), bs);
   runner_ = std::make_unique<ModelRunner>(model, pool_, cfg_.mla_form);
-  if (cfg_.cuda_graphs && cfg_.mla_form != MlaForm::Expanded)
+  if (cfg_.cuda_graphs && cfg_.mla_form != MlaForm::Expanded) {
     model.enable_decode_graphs(pool_, cfg_.scheduler.max_num_seqs, kv::blocks_for(max_model_len_, bs));
+    const auto t0 = std::chrono::steady_clock::now();
+    if (const int64_t n = model.capture_decode_graphs(); n > 0)
+      spdlog::info("captured {} CUDA graphs for decode steps of 1 to {} sequences in {:.2f} s", n,
+                   cfg_.scheduler.max_num_seqs,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
   for (int64_t id : c.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
   seed_rng_.seed(std::random_device{}());
   stats_.blocks_total = stats_.blocks_free = plan_.num_blocks;
@@ -112,12 +119,17 @@ void Engine::loop() {
     }
     intake();
     SchedulerOutput out;
-    double seconds = 0;
+    StepTimes times;
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
     if (scheduler_->has_work()) {
-      const auto t0 = std::chrono::steady_clock::now();
       try {
         out = scheduler_->schedule();
+        times.schedule = since(t0);
+        forward_seconds_ = 0;
         step_run(out);
+        times.forward = forward_seconds_;
       } catch (const std::exception& e) {
         // A failed step aborts the requests in it (all of them when it failed before choosing),
         // never the engine.
@@ -129,11 +141,14 @@ void Engine::loop() {
         for (Sequence* v : victims) finish(v, FinishReason::Abort, e.what());
         out = {};
       }
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
+    // Post-processing: this step's commit, and the previous step's flush (timed after its stats).
+    times.post = std::max(0.0, since(t0) - times.schedule - times.forward) + std::exchange(flush_seconds_, 0.0);
     // Stats first, so a client that sees its final chunk also sees the blocks it freed.
-    publish_stats(seconds, out);
+    publish_stats(times, out);
+    const auto t_flush = Clock::now();
     flush();
+    flush_seconds_ = since(t_flush);
     std::lock_guard lock(mu_);
     busy_ = scheduler_->has_work() || !inbox_.empty();
     if (!busy_) idle_.notify_all();
@@ -178,7 +193,9 @@ void Engine::step_run(const SchedulerOutput& out) {
       finish(scheduler_->waiting_front(), FinishReason::Abort, "internal: the request does not fit the KV pool");
     return;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<SampleResult> results = runner_->run(out);
+  forward_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   scheduler_->computed(out);
   size_t r = 0;
   for (const ScheduledSeq& it : out.seqs) {
@@ -226,7 +243,7 @@ void Engine::retire(Sequence* seq) {
   ++(*seq->finish_reason == FinishReason::Abort ? aborted_ : finished_);
 }
 
-void Engine::publish_stats(double seconds, const SchedulerOutput& out) {
+void Engine::publish_stats(const StepTimes& t, const SchedulerOutput& out) {
   std::lock_guard lock(mu_);
   EngineStats& s = stats_;
   s.running = scheduler_->num_running();
@@ -240,6 +257,10 @@ void Engine::publish_stats(double seconds, const SchedulerOutput& out) {
   s.requests_finished = finished_;
   s.requests_aborted = aborted_;
   if (!out.empty()) {
+    s.schedule_seconds += t.schedule;
+    s.forward_seconds += t.forward;
+    s.post_seconds += t.post;
+    const double seconds = t.schedule + t.forward + t.post;
     ++s.steps;
     for (const ScheduledSeq& it : out.seqs) s.generated_tokens += it.sample;
     if (out.prefill_tokens > 0) {

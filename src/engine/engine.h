@@ -49,6 +49,10 @@ struct EngineStats {
   // Steps with any prefill (or recompute) tokens vs pure decode steps, and their wall time.
   int64_t prefill_steps = 0, prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
+  // Where the loop's time goes, summed over steps: choosing the batch; the forward with sampling
+  // (inputs up, the model, tokens down: the device is busy for at most this long); committing
+  // tokens, stop checks and streaming out.
+  double schedule_seconds = 0, forward_seconds = 0, post_seconds = 0;
 };
 
 class Engine {
@@ -75,11 +79,15 @@ class Engine {
  private:
   void loop();
   void intake();                              // moves submitted requests and cancels into the scheduler (loop thread)
-  void step_run(const SchedulerOutput& out);  // forward + sample + commit of one schedule
+  void step_run(const SchedulerOutput& out);  // forward + sample + commit of one schedule (times the forward)
   void finish(Sequence* seq, FinishReason reason, std::string error = {});
   void retire(Sequence* seq);  // a finished sequence leaves the scheduler and frees its KV
   void flush();                // pending outputs to their streams; drops finished sequences
-  void publish_stats(double step_seconds, const SchedulerOutput& out);
+  // A step's times: schedule, forward (with sampling) and post-processing (commit, streams).
+  struct StepTimes {
+    double schedule = 0, forward = 0, post = 0;
+  };
+  void publish_stats(const StepTimes& t, const SchedulerOutput& out);
   void check_invariants() const;  // allocator, cache, and every block reference accounted for
 
   DeepseekV3Model& model_;
@@ -97,6 +105,8 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> touched_;  // sequences with output to flush this iteration
   int64_t finished_ = 0, aborted_ = 0;
+  double forward_seconds_ = 0;  // the last step_run's forward
+  double flush_seconds_ = 0;    // the last flush, counted in the next step's post-processing
 
   // Shared with submitters, under mu_.
   mutable std::mutex mu_;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/step_inputs.h"
 
 namespace kiln {
 
@@ -77,147 +78,43 @@ std::vector<float> DeepseekV3Model::forward(const std::vector<int32_t>& tokens, 
   return out;
 }
 
-// The batch's index arrays on the backend: views into one buffer, uploaded in one copy.
-struct DeepseekV3Model::StepInputs {
-  int64_t T = 0, B = 0, total_kv = 0;
-  bool all_single = true;  // every sequence has one new token (a pure decode step)
-  OwnedTensor buffer;      // [ids | pos | slots | cu_q | kv_lens | cu_kv | block_tables] int32
-  OwnedTensor ids, pos, slots, cu_q, kv_lens, cu_kv, block_tables;
-  ops::PagedKv paged(const LatentKvPool& pool, int64_t layer) const {
-    return {pool.layers[static_cast<size_t>(layer)].t.data,
-            pool.dtype,
-            block_tables.t.as<int32_t>(),
-            kv_lens.t.as<int32_t>(),
-            pool.block_size,
-            block_tables.t.shape[1]};
+int64_t DeepseekV3Model::capture_decode_graphs() {
+  if (!graphs_) return 0;
+  LatentKvPool& pool = *graphs_->pool;
+  for (int64_t b = 1; b <= graphs_->max_batch; b = DecodeGraphs::bucket(b) + 1) {
+    const int64_t B = DecodeGraphs::bucket(b);
+    ForwardBatch fb;  // B one-token sequences at position 0, every one in slot 0
+    fb.tokens.assign(static_cast<size_t>(B), 0);
+    fb.positions.assign(static_cast<size_t>(B), 0);
+    fb.slot_mapping.assign(static_cast<size_t>(B), 0);
+    fb.kv_lens.assign(static_cast<size_t>(B), 1);
+    fb.max_blocks = 1;
+    fb.block_tables.assign(static_cast<size_t>(B), 0);
+    for (int64_t i = 0; i <= B; ++i) fb.cu_q.push_back(static_cast<int32_t>(i));
+    for (int64_t i = 0; i < B; ++i) fb.logit_rows.push_back(static_cast<int32_t>(i));
+    forward_logits(fb, pool, MlaForm::Absorbed);
   }
-};
-
-// A pure decode step of up to max_batch sequences replayed from a CUDA graph. Batches are
-// padded up to a captured size by repeating their last sequence: the copies compute exactly what
-// it computes and write the same bits to the same KV slot, so padding needs no kernel support.
-struct DeepseekV3Model::DecodeGraphs {
-  int64_t max_batch = 0, max_blocks = 0;
-  const LatentKvPool* pool = nullptr;                 // the pool the graphs were captured on
-  OwnedTensor inputs;                                 // StepInputs buffer laid out for max_batch, max_blocks
-  OwnedTensor logits;                                 // [max_batch, vocab]: every graph's output rows
-  std::map<int64_t, std::shared_ptr<void>> captured;  // padded batch -> graph (null: not capturable)
-
-  static int64_t bucket(int64_t b) {  // 1, 2, 4, 8, then multiples of 16
-    if (b <= 8) return b <= 1 ? 1 : b <= 2 ? 2 : b <= 4 ? 4 : 8;
-    return (b + 15) / 16 * 16;
-  }
-};
+  be_.synchronize();
+  int64_t n = 0;
+  for (const auto& [size, graph] : graphs_->captured) n += graph != nullptr;
+  return n;
+}
 
 void DeepseekV3Model::disable_decode_graphs(const LatentKvPool* pool) {
   if (!pool || (graphs_ && graphs_->pool == pool)) graphs_.reset();
 }
 
-namespace {
-
-// Offsets of each array in the packed StepInputs buffer, for T tokens, B sequences and block
-// tables `stride` entries wide.
-struct InputLayout {
-  int64_t ids, pos, slots, cu_q, kv_lens, cu_kv, tables, total;
-  InputLayout(int64_t T, int64_t B, int64_t stride)
-      : ids(0),
-        pos(T),
-        slots(2 * T),
-        cu_q(3 * T),
-        kv_lens(cu_q + B + 1),
-        cu_kv(kv_lens + B),
-        tables(cu_kv + B + 1),
-        total(tables + B * stride) {}
-};
-
-}  // namespace
-
 DeepseekV3Model::~DeepseekV3Model() = default;
 
-void DeepseekV3Model::enable_decode_graphs(const LatentKvPool& pool, int64_t max_batch, int64_t max_blocks) {
+void DeepseekV3Model::enable_decode_graphs(LatentKvPool& pool, int64_t max_batch, int64_t max_blocks) {
   if (!be_.supports_graphs() || max_batch <= 0) return;
   graphs_ = std::make_unique<DecodeGraphs>();
   graphs_->max_batch = DecodeGraphs::bucket(max_batch);
   graphs_->max_blocks = max_blocks;
   graphs_->pool = &pool;
   const int64_t B = graphs_->max_batch;
-  graphs_->inputs = be_.alloc(DType::I32, {InputLayout(B, B, max_blocks).total});
+  graphs_->inputs = be_.alloc(DType::I32, {StepInputLayout(B, B, max_blocks).total});
   graphs_->logits = scratch(B, c_.vocab_size);
-}
-
-DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
-                                                           int64_t pad_to, OwnedTensor* buffer) {
-  const int64_t T = batch.num_tokens(), B = batch.num_seqs(), V = c_.vocab_size;
-  KILN_CHECK(T > 0 && B > 0, "forward needs at least one token");
-  KILN_CHECK(static_cast<int64_t>(batch.cu_q.size()) == B + 1 && batch.cu_q.back() == T &&
-                 static_cast<int64_t>(batch.positions.size()) == T &&
-                 static_cast<int64_t>(batch.slot_mapping.size()) == T &&
-                 static_cast<int64_t>(batch.block_tables.size()) == B * batch.max_blocks,
-             "malformed ForwardBatch: {} tokens, {} sequences", T, B);
-  for (int32_t id : batch.tokens) KILN_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-  for (int32_t s : batch.slot_mapping)
-    KILN_CHECK(s >= 0 && s < pool.num_slots(), "slot {} is outside the KV pool ({} slots)", s, pool.num_slots());
-  for (int32_t p : batch.positions)
-    KILN_CHECK(p >= 0 && p < c_.max_position_embeddings, "position {} exceeds max_position_embeddings {}", p,
-               c_.max_position_embeddings);
-
-  StepInputs in;
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t q_len = batch.cu_q[static_cast<size_t>(b + 1)] - batch.cu_q[static_cast<size_t>(b)];
-    KILN_CHECK(q_len >= 1 && batch.kv_lens[static_cast<size_t>(b)] >= q_len &&
-                   batch.kv_lens[static_cast<size_t>(b)] <= batch.max_blocks * pool.block_size,
-               "malformed ForwardBatch: sequence {} has {} new tokens and {} in context", b, q_len,
-               batch.kv_lens[static_cast<size_t>(b)]);
-    in.all_single &= q_len == 1;
-  }
-  // Padding (graphs): sequences B..pad_to-1 repeat the last one. Only pure decode steps pad.
-  const int64_t Bp = std::max(pad_to, B), Tp = T + (Bp - B);
-  KILN_CHECK(Bp == B || in.all_single, "internal: only decode steps are padded");
-  const int64_t stride = buffer ? graphs_->max_blocks : batch.max_blocks;
-  KILN_CHECK(batch.max_blocks <= stride, "internal: block tables wider than the graph's");
-  const InputLayout lay(buffer ? graphs_->max_batch : Tp, buffer ? graphs_->max_batch : Bp, stride);
-  std::vector<int32_t> host(static_cast<size_t>(lay.total), 0);
-  auto at = [&](int64_t off, int64_t i) -> int32_t& { return host[static_cast<size_t>(off + i)]; };
-  int32_t kv_total = 0;
-  for (int64_t b = 0; b < Bp; ++b) {
-    const int64_t src = std::min(b, B - 1);
-    const auto sb = static_cast<size_t>(src);
-    for (int64_t t = batch.cu_q[sb]; t < batch.cu_q[sb + 1]; ++t) {
-      const int64_t dst = b < B ? t : T + (b - B);
-      at(lay.ids, dst) = batch.tokens[static_cast<size_t>(t)];
-      at(lay.pos, dst) = batch.positions[static_cast<size_t>(t)];
-      at(lay.slots, dst) = batch.slot_mapping[static_cast<size_t>(t)];
-    }
-    at(lay.cu_q, b + 1) = b < B ? batch.cu_q[static_cast<size_t>(b + 1)] : static_cast<int32_t>(T + (b - B) + 1);
-    at(lay.kv_lens, b) = batch.kv_lens[sb];
-    kv_total += batch.kv_lens[sb];
-    at(lay.cu_kv, b + 1) = kv_total;
-    for (int64_t j = 0; j < batch.max_blocks; ++j)
-      at(lay.tables, b * stride + j) = batch.block_tables[static_cast<size_t>(src * batch.max_blocks + j)];
-  }
-  in.T = Tp;
-  in.B = Bp;
-  in.total_kv = kv_total;
-  if (buffer) {
-    in.buffer = *buffer;
-  } else {
-    in.buffer = be_.alloc(DType::I32, {lay.total});
-  }
-  be_.upload(in.buffer.t, host.data());
-  auto view = [&](int64_t off, Shape shape) {
-    OwnedTensor v;
-    v.mem = in.buffer.mem;
-    v.t = Tensor{in.buffer.t.as<int32_t>() + off, DType::I32, std::move(shape), in.buffer.t.device};
-    return v;
-  };
-  in.ids = view(lay.ids, {Tp});
-  in.pos = view(lay.pos, {Tp});
-  in.slots = view(lay.slots, {Tp});
-  in.cu_q = view(lay.cu_q, {Bp + 1});
-  in.kv_lens = view(lay.kv_lens, {Bp});
-  in.cu_kv = view(lay.cu_kv, {Bp + 1});
-  in.block_tables = view(lay.tables, {Bp, stride});
-  return in;
 }
 
 std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
@@ -236,11 +133,11 @@ Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& 
     const int64_t Bp = DecodeGraphs::bucket(batch.num_seqs());
     auto [it, fresh] = graphs_->captured.try_emplace(Bp);
     if (fresh || it->second) {  // sizes that could not be captured take the eager path below
-      StepInputs in = upload_inputs(batch, pool, Bp, &graphs_->inputs);
+      StepInputs in = upload_inputs(batch, pool, MlaForm::Absorbed, Bp, &graphs_->inputs);
       float* out = graphs_->logits.f32();
       if (fresh) {
         // First sight of this size: run it for real, then record the same work for next time.
-        compute(in, pool, MlaForm::Absorbed, nullptr, in.T, out);
+        compute(in, pool, nullptr, in.T, out);
         it->second = capture(in, pool, out);
       } else {
         be_.replay(it->second);
@@ -249,9 +146,9 @@ Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& 
       return Tensor{out, DType::F32, {rows, V}, graphs_->logits.t.device};
     }
   }
-  StepInputs in = upload_inputs(batch, pool, 0, nullptr);
+  StepInputs in = upload_inputs(batch, pool, form, 0, nullptr);
   last_logits_ = scratch(rows, V);
-  compute(in, pool, form, batch.logit_rows.data(), rows, last_logits_.f32());
+  compute(in, pool, in.logit_rows.data(), rows, last_logits_.f32());
   return last_logits_.t;
 }
 
@@ -269,9 +166,9 @@ bool DeepseekV3Model::graph_eligible(const ForwardBatch& batch, const LatentKvPo
 std::shared_ptr<void> DeepseekV3Model::capture(const StepInputs& in, LatentKvPool& pool, float* logits) {
   be_.begin_capture();
   try {
-    compute(in, pool, MlaForm::Absorbed, nullptr, in.T, logits);
+    compute(in, pool, nullptr, in.T, logits);
     auto graph = be_.end_capture();
-    spdlog::info("captured a CUDA graph for decode steps of {} sequences", in.B);
+    spdlog::debug("captured a CUDA graph for decode steps of {} sequences", in.B);
     return graph;
   } catch (const std::exception& e) {
     // An op that syncs with the host cannot be captured; that size keeps running eagerly.
@@ -284,8 +181,8 @@ std::shared_ptr<void> DeepseekV3Model::capture(const StepInputs& in, LatentKvPoo
 // The layers over uploaded inputs; writes the logits of rows logit_rows[0, rows) (of rows 0..rows-1
 // when logit_rows is null) to `logits` [rows, vocab]. Uploads and downloads nothing, so a graph
 // can record it.
-void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm form, const int32_t* logit_rows,
-                              int64_t rows, float* logits) {
+void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, const int32_t* logit_rows, int64_t rows,
+                              float* logits) {
   const int64_t T = in.T, H = c_.hidden_size, V = c_.vocab_size;
   // The residual stream is x + pending: x (the embeddings) is never written inside the layers, and
   // pending sums every sub-layer's output so far. Each sub-layer normalises x + pending inside its
@@ -296,7 +193,7 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm 
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const float* pending = nullptr;  // [T, H], not yet added to x (null: nothing)
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
-    attention(l, x.f32(), pending, ya.f32(), in, pool, form);
+    attention(l, x.f32(), pending, ya.f32(), in, pool);
     ffn(l, x.f32(), ya.f32(), ym.f32(), T);
     pending = ym.f32();
   }
@@ -322,120 +219,6 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, MlaForm 
     be_.rms_norm({sel.f32(), 0, w_.final_norm.t.data, w_.final_norm.t.dtype, sel.f32(), 0, rows, H, eps});
   }
   be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, logits, 0, rows, V, H});
-}
-
-void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending, float* out, const StepInputs& in,
-                                LatentKvPool& pool, MlaForm form) {
-  const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
-  const int64_t T = in.T, H = c_.hidden_size, nh = c_.num_attention_heads, nope = c_.qk_nope_head_dim,
-                rope = c_.qk_rope_head_dim, qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank,
-                row = c_.kv_row_dim();
-  const float eps = static_cast<float>(c_.rms_norm_eps);
-
-  // One projection of x feeds both q (or q LoRA's q_a) and the latent row: qkv [T, nq + row].
-  const int64_t nq = qkv_a_q_rows(c_), ld = nq + row;
-  OwnedTensor qkv = scratch(T, ld);
-  ops::LinearParams qkv_a{x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H};
-  qkv_a.norm_weight = w.input_norm.t.data, qkv_a.norm_weight_dtype = w.input_norm.t.dtype, qkv_a.norm_eps = eps;
-  qkv_a.norm_residual = pending;  // projects input_norm(x + pending)
-  be_.linear(qkv_a);
-
-  // q [T, nh, qk]: q_nope ‖ q_pe per head, rows q_stride apart (a view of qkv without q LoRA).
-  float* q = qkv.f32();
-  int64_t q_stride = ld;
-  OwnedTensor q_b_out;
-  if (c_.q_lora_rank > 0) {
-    float* q_a = qkv.f32();  // [T, q_lora], rows ld apart
-    be_.rms_norm({q_a, ld, w.q_a_norm.t.data, w.q_a_norm.t.dtype, q_a, ld, T, c_.q_lora_rank, eps});
-    q_b_out = scratch(T, nh * qk);
-    be_.linear({q_a, ld, w.q_b.t.data, w.q_b.t.dtype, q_b_out.f32(), 0, T, nh * qk, c_.q_lora_rank});
-    q = q_b_out.f32();
-    q_stride = nh * qk;
-  }
-
-  // One op ropes q_pe into q_pe_out and writes the new latent rows (normalised c_kv ‖ roped k_pe)
-  // to their pool slots; qkv's kv part stays as projected. Given q_lat (the absorbed form) it also
-  // folds W_uk into q there: q_lat[h] = W_uk[h]ᵀ q_nope[h], rows as q_pe_out's.
-  auto prepare = [&](float* q_pe_out, int64_t out_stride, int64_t out_head_stride, float* q_lat) {
-    be_.mla_prepare({.q_in = q + nope,
-                     .q_in_stride = q_stride,
-                     .q_in_head_stride = qk,
-                     .q_out = q_pe_out,
-                     .q_out_stride = out_stride,
-                     .q_out_head_stride = out_head_stride,
-                     .num_heads = nh,
-                     .kva = qkv.f32() + nq,
-                     .kva_stride = ld,
-                     .norm_weight = w.kv_a_norm.t.data,
-                     .norm_weight_dtype = w.kv_a_norm.t.dtype,
-                     .eps = eps,
-                     .positions = in.pos.t.as<int32_t>(),
-                     .inv_freq = inv_freq_.f32(),
-                     .attention_factor = rope_factor_,
-                     .interleaved = c_.rope_interleave,
-                     .slots = in.slots.t.as<int32_t>(),
-                     .pool = pool.layers[static_cast<size_t>(l)].t.data,
-                     .pool_dtype = pool.dtype,
-                     .num_tokens = T,
-                     .kv_lora = r,
-                     .rope_dim = rope,
-                     .q_nope = q,
-                     .w_uk = q_lat ? w.w_uk_t.t.data : nullptr,
-                     .w_uk_dtype = w.w_uk_t.t.dtype,
-                     .nope_dim = nope,
-                     .q_lat = q_lat});
-  };
-
-  OwnedTensor o = scratch(T, nh * vd);  // [T, nh, v]
-  OwnedTensor lat;                      // absorbed form: [T, nh, kv_lora], attention in the latent space
-  if (form == MlaForm::Auto) form = in.all_single ? MlaForm::Absorbed : MlaForm::Expanded;
-  const ops::PagedKv paged = in.paged(pool, l);
-
-  if (form == MlaForm::Expanded) {
-    prepare(q + nope, q_stride, qk, nullptr);  // q_pe roped in place; no fold
-    const int64_t ctx = in.total_kv;
-    OwnedTensor kv = scratch(ctx, row);  // [total_kv, row]: every sequence's context, contiguous
-    be_.kv_gather({paged, in.cu_kv.t.as<int32_t>(), in.B, row, ctx, kv.f32()});
-    OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]: per head k_nope ‖ v
-    ops::LinearParams kv_b{kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r};
-    kv_b.x_bf16 = pool.dtype == DType::BF16;  // the latent rows as cached
-    be_.linear(kv_b);
-    // Attention reads k_nope and v from kvb and the shared roped k_pe from kv's last rope columns.
-    const ops::VarlenSeqs seqs{in.cu_q.t.as<int32_t>(), in.cu_kv.t.as<int32_t>(), in.B};
-    be_.mla_expanded({.q = q,
-                      .kv_b = kvb.f32(),     // [ctx, nh, nope + v]
-                      .k_pe = kv.f32() + r,  // [ctx, rope], rows `row` apart
-                      .out = o.f32(),
-                      .seqs = seqs,
-                      .total_q = T,
-                      .total_kv = ctx,
-                      .num_heads = nh,
-                      .qk_dim = qk,
-                      .v_dim = vd,
-                      .nope_dim = nope,
-                      .scale = scale_,
-                      .q_stride = q_stride,
-                      .kv_b_stride = nh * (nope + vd),
-                      .k_pe_stride = row});
-  } else {
-    // q folded through W_uk (q_lat) with the roped q_pe beside it, in the same op as the latent rows.
-    OwnedTensor qa = scratch(T, nh * row);  // [T, nh, kv_lora + rope]: q_lat ‖ q_pe
-    prepare(qa.f32() + r, nh * row, row, qa.f32());
-    lat = scratch(T, nh * r);
-    be_.mla_absorbed({qa.f32(), paged, in.cu_q.t.as<int32_t>(), in.B, T, lat.f32(), nh, r, rope, scale_});
-  }
-  ops::LinearParams o_proj{o.f32(), 0, w.o_proj.t.data, w.o_proj.t.dtype, out, 0, T, H, nh * vd};
-  o_proj.add = pending;  // out = attention + pending
-  if (form == MlaForm::Expanded) {
-    be_.linear(o_proj);
-    return;
-  }
-  // Fold W_uv into the output, v[h] = W_uv[h] · lat[h], then o_proj: one op (one launch on CUDA
-  // for a single stream).
-  const size_t esz = dtype_size(w.kv_b.t.dtype);
-  const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
-  be_.heads_then_linear(
-      {lat.f32(), nh * r, r, wuv, (nope + vd) * r, w.kv_b.t.dtype, o.f32(), nh * vd, vd, nh, T, vd, r}, o_proj);
 }
 
 void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float* out, int64_t T) {

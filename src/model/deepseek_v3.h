@@ -15,7 +15,9 @@
 namespace kiln {
 
 // Which MLA form attention runs in.
-enum class MlaForm { Auto, Expanded, Absorbed };  // Auto: expanded for prompts, absorbed for 1 token
+// Auto chooses per sequence: absorbed over the latent cache for one new token (decode), expanded
+// over the sequence's own context for a prompt chunk. Tests force one form for every sequence.
+enum class MlaForm { Auto, Expanded, Absorbed };
 
 // One sequence with a private pool whose blocks are simply 0, 1, 2, ...: for `kiln score`,
 // `kiln generate` and tests, without the engine's allocator.
@@ -52,7 +54,11 @@ class DeepseekV3Model {
   // Replays pure decode steps (one new token per sequence, every row's logits) of up to
   // max_batch sequences on `pool` from CUDA graphs, captured the first time each padded batch
   // size runs. Block tables up to max_blocks wide. No-op on backends without graphs.
-  void enable_decode_graphs(const LatentKvPool& pool, int64_t max_batch, int64_t max_blocks);
+  void enable_decode_graphs(LatentKvPool& pool, int64_t max_batch, int64_t max_blocks);
+  // Captures the graph of every padded batch size up to max_batch now rather than the first time
+  // each size runs while serving (a capture takes tens of milliseconds). The warm-up steps write
+  // slot 0 of the pool, which no sequence may hold yet. Returns the number of graphs.
+  int64_t capture_decode_graphs();
   // Drops the captured graphs (only those captured on `pool`, when given).
   void disable_decode_graphs(const LatentKvPool* pool = nullptr);
 
@@ -64,18 +70,18 @@ class DeepseekV3Model {
  private:
   struct StepInputs;    // the batch's index arrays on the backend
   struct DecodeGraphs;  // captured decode steps
-  // Validates and uploads the batch, padded to pad_to sequences, into `buffer` (a graph's static
-  // inputs) or a fresh one.
-  StepInputs upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool, int64_t pad_to, OwnedTensor* buffer);
-  void compute(const StepInputs& in, LatentKvPool& pool, MlaForm form, const int32_t* logit_rows, int64_t rows,
-               float* logits);
+  // Validates and uploads the batch, its sequences ordered by attention form, padded to pad_to
+  // sequences, into `buffer` (a graph's static inputs) or a fresh one.
+  StepInputs upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form, int64_t pad_to,
+                           OwnedTensor* buffer);
+  void compute(const StepInputs& in, LatentKvPool& pool, const int32_t* logit_rows, int64_t rows, float* logits);
   bool graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const;
   std::shared_ptr<void> capture(const StepInputs& in, LatentKvPool& pool, float* logits);
   // The sub-layers over the residual stream x + pending (pending [T, H]: outputs not yet added to x;
   // null: none): each reads its norm of x + pending (fused into its first op) and writes
   // out [T, H] = pending + its output (the addend fused into its last op). x is never written.
   void attention(int64_t layer, const float* x, const float* pending, float* out, const StepInputs& in,
-                 LatentKvPool& pool, MlaForm form);
+                 LatentKvPool& pool);
   void ffn(int64_t layer, const float* x, const float* pending, float* out, int64_t T);
 
   OwnedTensor scratch(int64_t rows, int64_t cols);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 namespace kiln::server {
 namespace {
 
@@ -96,6 +98,13 @@ std::string Metrics::render(const EngineStats& s, const std::string& model) cons
         s.prefix_query_tokens ? static_cast<double>(s.prefix_hit_tokens) / s.prefix_query_tokens : 0.0);
   counter(out, "kiln_preemptions_total", "Sequences preempted for KV blocks (recomputed later)", s.preemptions);
   counter(out, "kiln_engine_steps_total", "Engine steps", s.steps);
+  // The engine loop's time by phase; forward (inputs up, the model, sampled tokens down) bounds
+  // how long the device was busy, so its rate is the device's busy fraction.
+  out += "# HELP kiln_engine_phase_seconds_total Engine loop time by phase: schedule, forward (with sampling), post\n";
+  out += "# TYPE kiln_engine_phase_seconds_total counter\n";
+  for (const auto& [phase, v] : {std::pair{"schedule", s.schedule_seconds}, std::pair{"forward", s.forward_seconds},
+                                 std::pair{"post", s.post_seconds}})
+    out += fmt::format("kiln_engine_phase_seconds_total{{phase=\"{}\"}} {}\n", phase, v);
   counter(out, "kiln_requests_aborted_total", "Requests the engine aborted (cancelled or failed)", s.requests_aborted);
   // The engine has no speculative decoding yet: these stay 0 until a drafter is configured.
   counter(out, "kiln_spec_decode_draft_tokens_total", "Draft tokens proposed", 0);

@@ -56,7 +56,17 @@ TEST(BenchServeKiln, TwoPointSweepAgainstKilnServe) {
   ASSERT_EQ(r.exit_code, 0) << r.out << test::slurp((tmp / "server.log").string());
   const nlohmann::json j = kiln::test::read_json(out);
   test::expect_well_formed(j, 2, 4, 8);
-  for (const auto& s : j["summary"]) EXPECT_EQ(s["failed"], 0) << s["errors"].dump();
+  for (const auto& s : j["summary"]) {
+    EXPECT_EQ(s["failed"], 0) << s["errors"].dump();
+    // A Kiln server: the engine's time by phase over the point, from its /metrics.
+    ASSERT_TRUE(s.contains("engine")) << s.dump();
+    EXPECT_GT(s["engine"]["steps"].get<double>(), 0);
+    EXPECT_GT(s["engine"]["forward_s"].get<double>(), 0);
+    const double busy = s["engine"]["busy_fraction"].get<double>();
+    EXPECT_GT(busy, 0);
+    EXPECT_LE(busy, 1.05);  // the forward runs inside the point's wall time
+  }
+  EXPECT_NE(r.out.find("Kiln engine forward"), std::string::npos) << r.out;
   // Exact prompt lengths through the model's tokenizer: the server counts what we meant to send.
   for (const auto& rec : j["requests"]) EXPECT_NEAR(rec["prompt_tokens"].get<double>(), 32, 4) << rec.dump();
   test::expect_chart(test::slurp((tmp / "kiln.svg").string()), 2);

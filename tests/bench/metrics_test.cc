@@ -109,5 +109,32 @@ TEST(BenchMetrics, RecordJsonHasTheItls) {
   EXPECT_EQ(to_json(bad("timeout"), 0)["error_kind"], "timeout");
 }
 
+TEST(BenchMetrics, EnginePhasesFromAKilnMetricsPage) {
+  const std::string page =
+      "# HELP kiln_engine_steps_total Engine steps\n# TYPE kiln_engine_steps_total counter\n"
+      "kiln_engine_steps_total 40\n"
+      "kiln_engine_phase_seconds_total{phase=\"schedule\"} 0.5\n"
+      "kiln_engine_phase_seconds_total{phase=\"forward\"} 8\n"
+      "kiln_engine_phase_seconds_total{phase=\"post\"} 1.25\n"
+      "kiln_kv_blocks_total 100\n";
+  const auto before = parse_engine_phases(page);
+  ASSERT_TRUE(before.has_value());
+  EXPECT_DOUBLE_EQ(before->steps, 40);
+  EXPECT_DOUBLE_EQ(before->forward_s, 8);
+  EXPECT_DOUBLE_EQ(before->post_s, 1.25);
+  std::string later = page;
+  later.replace(later.find("} 8"), 3, "} 20");
+  later.replace(later.find("total 40"), 8, "total 70");
+  const auto d = engine_phases_between(before, parse_engine_phases(later));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_DOUBLE_EQ(d->forward_s, 12);
+  EXPECT_DOUBLE_EQ(d->steps, 30);
+  EXPECT_DOUBLE_EQ(d->schedule_s, 0);
+  // Another server's page, an empty one, or a failed fetch: no engine figures.
+  EXPECT_FALSE(parse_engine_phases("vllm:num_requests_running 3\n# kiln_engine_steps_total 4\n").has_value());
+  EXPECT_FALSE(parse_engine_phases("").has_value());
+  EXPECT_FALSE(engine_phases_between(before, std::nullopt).has_value());
+}
+
 }  // namespace
 }  // namespace kiln::bench

@@ -121,6 +121,19 @@ TEST(Engine, BatchedPromptsMatchEachAlone) {
   }
 }
 
+TEST(Engine, StatsSplitTheLoopTimeByPhase) {
+  Engine e(*fixture().model, small_config());
+  run_all(e, one(greedy(random_prompt(30, 5), 4)));
+  e.wait_idle();
+  const EngineStats s = e.stats();
+  EXPECT_GE(s.steps, 4);
+  EXPECT_GT(s.forward_seconds, 0);
+  EXPECT_GE(s.schedule_seconds, 0);
+  EXPECT_GE(s.post_seconds, 0);
+  // Every step's time is one of the phases, and the phases are every step's time.
+  EXPECT_NEAR(s.prefill_seconds + s.decode_seconds, s.schedule_seconds + s.forward_seconds + s.post_seconds, 1e-6);
+}
+
 TEST(Engine, ChunkedPrefillGivesTheSameLogprobs) {
   const Request r = greedy(random_prompt(90, 7), 5);
   auto with_chunk = [&](int64_t chunk) {

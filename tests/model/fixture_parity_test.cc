@@ -91,8 +91,9 @@ TEST_P(Fixture, CudaScoreAndGreedyMatchTransformers) {
   auto prompt = g["prompt_ids"].get<std::vector<int>>();
   auto want = g["output_ids"].get<std::vector<int>>();
   auto margins = g["top2_margins"].get<std::vector<double>>();
-  auto gr = run_kiln("generate --device cuda --model " + GetParam() + " --prompt-ids " + join_ids(prompt) +
-                     " --max-tokens " + std::to_string(want.size()) + " --temperature 0 --ignore-eos --json");
+  auto gr = run_kiln("generate --device cuda --activation-dtype f32 --model " + GetParam() + " --prompt-ids " +
+                     join_ids(prompt) + " --max-tokens " + std::to_string(want.size()) +
+                     " --temperature 0 --ignore-eos --json");
   ASSERT_EQ(gr.exit_code, 0) << gr.out;
   auto got = json::parse(gr.out.substr(gr.out.find('{')))["output_ids"].get<std::vector<int>>();
   for (size_t i = 0; i < want.size() && margins[i] > 0.1; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;

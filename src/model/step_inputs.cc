@@ -1,0 +1,105 @@
+// DeepseekV3Model::upload_inputs: checks a ForwardBatch, orders its sequences by attention form
+// and uploads every index array of the step in one copy.
+#include <algorithm>
+
+#include "core/error.h"
+#include "model/step_inputs.h"
+
+namespace kiln {
+
+DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
+                                                           MlaForm form, int64_t pad_to, OwnedTensor* buffer) {
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs(), V = c_.vocab_size;
+  KILN_CHECK(T > 0 && B > 0, "forward needs at least one token");
+  KILN_CHECK(static_cast<int64_t>(batch.cu_q.size()) == B + 1 && batch.cu_q.front() == 0 && batch.cu_q.back() == T &&
+                 static_cast<int64_t>(batch.positions.size()) == T &&
+                 static_cast<int64_t>(batch.slot_mapping.size()) == T &&
+                 static_cast<int64_t>(batch.block_tables.size()) == B * batch.max_blocks,
+             "malformed ForwardBatch: {} tokens, {} sequences", T, B);
+  for (int32_t id : batch.tokens) KILN_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+  for (int32_t s : batch.slot_mapping)
+    KILN_CHECK(s >= 0 && s < pool.num_slots(), "slot {} is outside the KV pool ({} slots)", s, pool.num_slots());
+  for (int32_t p : batch.positions)
+    KILN_CHECK(p >= 0 && p < c_.max_position_embeddings, "position {} exceeds max_position_embeddings {}", p,
+               c_.max_position_embeddings);
+  auto q_len = [&](int64_t b) { return batch.cu_q[static_cast<size_t>(b + 1)] - batch.cu_q[static_cast<size_t>(b)]; };
+  bool all_single = true;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t kv_len = batch.kv_lens[static_cast<size_t>(b)];
+    KILN_CHECK(q_len(b) >= 1 && kv_len >= q_len(b) && kv_len <= batch.max_blocks * pool.block_size,
+               "malformed ForwardBatch: sequence {} has {} new tokens and {} in context", b, q_len(b), kv_len);
+    all_single &= q_len(b) == 1;
+  }
+
+  // Each sequence's form: decode rows (one new token) attend over the latent cache in the absorbed
+  // form; prompt chunks expand their own context only. A forced form applies to every sequence.
+  auto absorbed = [&](int64_t b) { return form == MlaForm::Absorbed || (form == MlaForm::Auto && q_len(b) == 1); };
+  std::vector<int64_t> order;  // new sequence index -> the batch's
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t b = 0; b < B; ++b)
+      if (absorbed(b) == (pass == 0)) order.push_back(b);
+  StepInputs in;
+  for (int64_t b = 0; b < B; ++b)
+    if (absorbed(b)) ++in.Ba, in.Ta += q_len(b);
+
+  // Padding (graphs): sequences B..pad_to-1 repeat the last one. Only pure decode steps pad.
+  const int64_t Bp = std::max(pad_to, B), Tp = T + (Bp - B);
+  KILN_CHECK(Bp == B || (all_single && in.Ba == B), "internal: only absorbed decode steps are padded");
+  if (Bp > B) in.Ba = Bp, in.Ta = Tp;
+  const int64_t stride = buffer ? graphs_->max_blocks : batch.max_blocks;
+  KILN_CHECK(batch.max_blocks <= stride, "internal: block tables wider than the graph's");
+  const StepInputLayout lay(buffer ? graphs_->max_batch : Tp, buffer ? graphs_->max_batch : Bp, stride);
+  // A graph's buffer is laid out for its largest batch: only the rows this step uses go up (a
+  // graph step is all absorbed: the expanded part's arrays, last, stay empty).
+  const int64_t used = buffer ? lay.tables + Bp * stride : lay.total;
+  std::vector<int32_t> host(static_cast<size_t>(used), 0);
+  auto at = [&](int64_t off, int64_t i) -> int32_t& { return host[static_cast<size_t>(off + i)]; };
+  std::vector<int32_t> new_start(static_cast<size_t>(B));  // the batch's sequence -> its first new token row
+  int32_t t_new = 0, kv_x = 0;
+  for (int64_t i = 0; i < Bp; ++i) {
+    const int64_t src = i < B ? order[static_cast<size_t>(i)] : B - 1;
+    const auto sb = static_cast<size_t>(src);
+    if (i < B) new_start[sb] = t_new;
+    for (int32_t t = batch.cu_q[sb]; t < batch.cu_q[sb + 1]; ++t, ++t_new) {
+      at(lay.ids, t_new) = batch.tokens[static_cast<size_t>(t)];
+      at(lay.pos, t_new) = batch.positions[static_cast<size_t>(t)];
+      at(lay.slots, t_new) = batch.slot_mapping[static_cast<size_t>(t)];
+    }
+    at(lay.cu_q, i + 1) = t_new;
+    at(lay.kv_lens, i) = batch.kv_lens[sb];
+    for (int64_t j = 0; j < batch.max_blocks; ++j)
+      at(lay.tables, i * stride + j) = batch.block_tables[static_cast<size_t>(src * batch.max_blocks + j)];
+    if (i >= in.Ba) {
+      kv_x += batch.kv_lens[sb];
+      at(lay.cu_q_x, i - in.Ba + 1) = t_new - static_cast<int32_t>(in.Ta);
+      at(lay.cu_kv_x, i - in.Ba + 1) = kv_x;
+    }
+  }
+  for (int32_t r : batch.logit_rows) {
+    const auto b =
+        static_cast<size_t>(std::upper_bound(batch.cu_q.begin(), batch.cu_q.end(), r) - batch.cu_q.begin() - 1);
+    in.logit_rows.push_back(new_start[b] + (r - batch.cu_q[b]));
+  }
+  in.T = Tp;
+  in.B = Bp;
+  in.total_kv_x = kv_x;
+  in.buffer = buffer ? *buffer : be_.alloc(DType::I32, {lay.total});
+  be_.upload(Tensor{in.buffer.t.data, DType::I32, {used}, in.buffer.t.device}, host.data());
+  auto view = [&](int64_t off, Shape shape) {
+    OwnedTensor v;
+    v.mem = in.buffer.mem;
+    v.t = Tensor{in.buffer.t.as<int32_t>() + off, DType::I32, std::move(shape), in.buffer.t.device};
+    return v;
+  };
+  in.ids = view(lay.ids, {Tp});
+  in.pos = view(lay.pos, {Tp});
+  in.slots = view(lay.slots, {Tp});
+  in.cu_q = view(lay.cu_q, {Bp + 1});
+  in.kv_lens = view(lay.kv_lens, {Bp});
+  in.block_tables = view(lay.tables, {Bp, stride});
+  in.cu_q_x = view(lay.cu_q_x, {Bp - in.Ba + 1});
+  in.cu_kv_x = view(lay.cu_kv_x, {Bp - in.Ba + 1});
+  return in;
+}
+
+}  // namespace kiln
