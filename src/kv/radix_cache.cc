@@ -1,8 +1,6 @@
 #include "kv/radix_cache.h"
 
-#include <queue>
 #include <set>
-#include <tuple>
 
 #include "core/error.h"
 
@@ -37,6 +35,9 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     node->last_access = now;
     m.blocks.push_back(node->block);
   }
+  // Only the deepest node can be a leaf (every other one has a child on the path), so only its
+  // key in the eviction index moved.
+  reindex(node);
   m.last = node;
   ++stats_.matches;
   stats_.queried_tokens += std::max<int64_t>(0, limit) * block_size_;
@@ -65,11 +66,13 @@ RadixCache::Match RadixCache::insert(std::span<const int32_t> tokens, std::span<
       ++num_nodes_;
       ++stats_.inserted_blocks;
       it = node->children.emplace(std::move(key), std::move(child)).first;
+      reindex(node);  // no longer a leaf
     }
     node = it->second.get();
     node->last_access = now;
     m.blocks.push_back(node->block);
   }
+  reindex(node);  // the path's end: a new leaf, or an existing node with a fresher key
   m.last = node;
   return m;
 }
@@ -79,7 +82,32 @@ void RadixCache::add_lock_ref(Node* node, int64_t delta) {
     const bool was_locked = n->lock_ref > 0;
     n->lock_ref += delta;
     KILN_CHECK(n->lock_ref >= 0, "internal: prefix cache node unlocked more often than locked");
-    if (n != root_.get()) num_locked_ += static_cast<int64_t>(n->lock_ref > 0) - static_cast<int64_t>(was_locked);
+    if (n == root_.get()) continue;
+    const bool is_locked = n->lock_ref > 0;
+    num_locked_ += static_cast<int64_t>(is_locked) - static_cast<int64_t>(was_locked);
+    if (is_locked != was_locked) reindex(n);
+  }
+}
+
+bool RadixCache::evictable(const Node* node) const {
+  return node != root_.get() && node->children.empty() && node->lock_ref == 0;
+}
+
+void RadixCache::unindex(Node* node) {
+  if (!node->in_lru) return;
+  lru_.erase(node->lru);
+  node->in_lru = false;
+}
+
+void RadixCache::reindex(Node* node) {
+  const bool want = evictable(node);
+  if (node->in_lru && want && node->lru->first == LruIndex::key_type(node->last_access, node->id)) return;
+  unindex(node);
+  // A node just touched carries the newest clock value, so the end is the right hint; any other
+  // position is found in O(log n) all the same.
+  if (want) {
+    node->lru = lru_.emplace_hint(lru_.end(), LruIndex::key_type(node->last_access, node->id), node);
+    node->in_lru = true;
   }
 }
 
@@ -98,30 +126,20 @@ void RadixCache::unlock(Node* node) {
 }
 
 int64_t RadixCache::evict(int64_t num_blocks) {
-  // Candidates: unlocked leaves, oldest first. Removing a leaf may turn its parent into one; a
-  // parent is never older than its child (every touch walks from the root), so the order of
-  // removals stays oldest first.
-  using Entry = std::tuple<uint64_t, uint64_t, Node*>;  // (last_access, id, node)
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> heap;
-  std::vector<Node*> stack = {root_.get()};
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (auto& [key, child] : n->children) stack.push_back(child.get());
-    if (n != root_.get() && n->children.empty() && n->lock_ref == 0) heap.emplace(n->last_access, n->id, n);
-  }
+  // The index's front is the oldest unlocked leaf. Removing a leaf may turn its parent into one,
+  // filed under its own key; a parent is never older than its child (every touch walks from the
+  // root), so the removals come out oldest first, as a walk over the whole tree would order them.
   int64_t freed = 0;
-  while (freed < num_blocks && !heap.empty()) {
-    Node* n = std::get<2>(heap.top());
-    heap.pop();
+  while (freed < num_blocks && !lru_.empty()) {
+    Node* n = lru_.begin()->second;
+    unindex(n);
     Node* parent = n->parent;
     if (alloc_.refcount(n->block) == 1) ++freed;
     alloc_.decref(n->block);
     --num_nodes_;
     ++stats_.evicted_blocks;
     parent->children.erase(parent->children.find(n->key));  // destroys n
-    if (parent != root_.get() && parent->children.empty() && parent->lock_ref == 0)
-      heap.emplace(parent->last_access, parent->id, parent);
+    reindex(parent);
   }
   return freed;
 }
@@ -142,7 +160,7 @@ void RadixCache::check_integrity() const {
   KILN_CHECK(root_->key.empty() && root_->parent == nullptr && root_->locks == 0,
              "prefix cache: the root is malformed");
   std::set<int32_t> blocks;
-  int64_t nodes = 0, locked = 0;
+  int64_t nodes = 0, locked = 0, leaves = 0;
   std::vector<const Node*> stack = {root_.get()};
   while (!stack.empty()) {
     const Node* n = stack.back();
@@ -160,7 +178,18 @@ void RadixCache::check_integrity() const {
     }
     KILN_CHECK(n->lock_ref == n->locks + below, "prefix cache: node {} counts {} locks, has {} + {} below", n->id,
                n->lock_ref, n->locks, below);
-    if (n == root_.get()) continue;
+    if (n == root_.get()) {
+      KILN_CHECK(!n->in_lru, "prefix cache: the root is in the eviction index");
+      continue;
+    }
+    if (evictable(n)) {
+      ++leaves;
+      auto it = lru_.find(LruIndex::key_type(n->last_access, n->id));
+      KILN_CHECK(n->in_lru && it != lru_.end() && it == n->lru && it->second == n,
+                 "prefix cache: unlocked leaf {} is missing from the eviction index or filed under a stale key", n->id);
+    } else {
+      KILN_CHECK(!n->in_lru, "prefix cache: node {} is in the eviction index but is locked or has children", n->id);
+    }
     ++nodes;
     locked += n->lock_ref > 0;
     KILN_CHECK(blocks.insert(n->block).second, "prefix cache: block {} is cached twice", n->block);
@@ -168,6 +197,9 @@ void RadixCache::check_integrity() const {
   }
   KILN_CHECK(nodes == num_nodes_, "prefix cache: {} nodes but the count says {}", nodes, num_nodes_);
   KILN_CHECK(locked == num_locked_, "prefix cache: {} locked nodes but the count says {}", locked, num_locked_);
+  // Every evictable leaf has its own entry, so equal sizes leave no stray entries.
+  KILN_CHECK(static_cast<int64_t>(lru_.size()) == leaves, "prefix cache: {} unlocked leaves but {} indexed", leaves,
+             lru_.size());
 }
 
 }  // namespace kiln::kv

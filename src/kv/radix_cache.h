@@ -6,12 +6,15 @@
 // Locking: a sequence using a path locks its deepest node; lock counts ride up to the root, so a
 // locked node and its ancestors are never evicted. Eviction removes unlocked leaves in LRU order
 // (a logical clock that every match and insert advances, so ties and order are deterministic).
+// The unlocked leaves are kept in an ordered index so that eviction costs O(log n) per block
+// instead of a walk over the whole tree on every call.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kv/block_allocator.h"
@@ -20,6 +23,10 @@ namespace kiln::kv {
 
 class RadixCache {
  public:
+  struct Node;
+  // Evictable leaves keyed by (last_access, id): the front is the next to evict.
+  using LruIndex = std::map<std::pair<uint64_t, uint64_t>, Node*>;
+
   struct Node {
     std::vector<int32_t> key;  // [block_size] tokens of this block (empty at the root)
     int32_t block = -1;        // pool block holding those tokens' KV
@@ -29,6 +36,9 @@ class RadixCache {
     int64_t lock_ref = 0;  // locks of this node and of every node below it
     uint64_t last_access = 0;
     uint64_t id = 0;  // creation order: breaks LRU ties deterministically
+    // Position in the eviction index, valid while in_lru (an unlocked leaf other than the root).
+    LruIndex::iterator lru;
+    bool in_lru = false;
   };
 
   struct Match {
@@ -78,16 +88,24 @@ class RadixCache {
   std::vector<int32_t> cached_blocks() const;
 
   // Checks the tree: links, keys, lock counts, LRU order along paths, one node per block, block
-  // references held. Throws kiln::Error describing the first violation.
+  // references held, and that the eviction index holds exactly the unlocked leaves under their
+  // current keys. Throws kiln::Error describing the first violation.
   void check_integrity() const;
 
  private:
   void add_lock_ref(Node* node, int64_t delta);
+  bool evictable(const Node* node) const;
+  // Brings `node`'s entry in the eviction index in line with its state: removes a stale entry and
+  // files it under its current (last_access, id) if it is evictable. Call after any change to its
+  // lock_ref, children or last_access.
+  void reindex(Node* node);
+  void unindex(Node* node);
   void release(Node* node);  // drops the references of a subtree (destructor)
 
   BlockAllocator& alloc_;
   int64_t block_size_;
   std::unique_ptr<Node> root_;
+  LruIndex lru_;  // holds pointers only: destroyed with no need to visit the nodes
   int64_t num_nodes_ = 0, num_locked_ = 0;
   uint64_t clock_ = 0, next_id_ = 1;
   Stats stats_;
