@@ -37,7 +37,8 @@ void count_tokens(std::vector<RequestRecord>& records, const PromptTokenizer* to
 
 void apply_cost(PointSummary& s, const CostSpec& c) {
   s.cost = c;
-  s.output_tok_s_per_gpu = tok_s_per_gpu(s.output_tok_s, c.gpus);
+  // With no GPU count there is no per-GPU figure: NaN reads "-" in the table and null in the JSON.
+  s.output_tok_s_per_gpu = c.gpus > 0 ? tok_s_per_gpu(s.output_tok_s, c.gpus) : std::nan("");
   s.output_tok_s_per_usd_gpu_hour = tok_s_per_usd_gpu_hour(s.output_tok_s, c.gpus, c.usd_per_gpu_hour);
   s.usd_per_million_output_tokens = usd_per_million_tokens(s.output_tok_s, c.gpus, c.usd_per_gpu_hour);
   const double watts = c.kw_per_gpu * 1000.0;
@@ -101,6 +102,7 @@ PointSummary summarize(const std::vector<RequestRecord>& records, double duratio
 
 nlohmann::json to_json(const PointSummary& s) {
   auto num_or_null = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  const nlohmann::json gpus = s.cost.gpus > 0 ? nlohmann::json(s.cost.gpus) : nlohmann::json(nullptr);  // 0: unknown
   nlohmann::json j = {{"concurrency", s.concurrency > 0 ? nlohmann::json(s.concurrency) : nlohmann::json(nullptr)},
                       {"request_rate", num_or_null(s.request_rate)},
                       {"num_prompts", s.num_prompts},
@@ -125,8 +127,8 @@ nlohmann::json to_json(const PointSummary& s) {
                       {"tpot_ms", to_json(s.tpot_ms)},
                       {"itl_ms", to_json(s.itl_ms)},
                       {"e2e_ms", to_json(s.e2e_ms)},
-                      {"gpus", s.cost.gpus},
-                      {"output_tok_s_per_gpu", s.output_tok_s_per_gpu},
+                      {"gpus", gpus},
+                      {"output_tok_s_per_gpu", num_or_null(s.output_tok_s_per_gpu)},
                       {"output_tok_s_per_usd_gpu_hour", s.output_tok_s_per_usd_gpu_hour},
                       {"usd_per_million_output_tokens", s.usd_per_million_output_tokens},
                       {"client_cpu_s", s.client_cpu_s},

@@ -28,7 +28,7 @@
 namespace kiln::bench {
 
 struct CostSpec {
-  int64_t gpus = 1;             // GPUs behind the server
+  int64_t gpus = 0;             // GPUs behind the server; 0: unknown (no per-GPU or cost figures)
   double usd_per_gpu_hour = 0;  // price of one GPU-hour; 0: no price columns
   double kw_per_gpu = 0;        // board power while serving, kW per GPU; 0: no power columns
   double usd_per_kwh = 0;       // electricity price

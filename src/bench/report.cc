@@ -49,7 +49,9 @@ std::string format_table(const std::vector<PointSummary>& points) {
   auto& per_stream = col("decode tok/s per stream");
   auto& agg = col("output tok/s");
   auto& peak = col("peak tok/s");
-  auto& per_gpu = col(fmt::format("tok/s per GPU ({})", points.front().cost.gpus));
+  // Per-GPU figures only where the GPU count was given (--gpus): a server's accelerators are unknown.
+  const int64_t gpus = points.front().cost.gpus;
+  std::vector<std::string>* per_gpu = gpus > 0 ? &col(fmt::format("tok/s per GPU ({})", gpus)) : nullptr;
   std::vector<std::string>* per_usd = any_price ? &col("tok/s per $/GPU-hr") : nullptr;
   std::vector<std::string>* usd_m = any_price ? &col("$/M output tok") : nullptr;
   std::vector<std::string>* joules = any_power ? &col("J/output tok") : nullptr;
@@ -65,7 +67,7 @@ std::string format_table(const std::vector<PointSummary>& points) {
     per_stream.push_back(format_figure(p.per_stream_decode_tok_s));
     agg.push_back(format_figure(p.output_tok_s));
     peak.push_back(format_figure(p.peak_output_tok_s));
-    per_gpu.push_back(format_figure(p.output_tok_s_per_gpu));
+    if (per_gpu) per_gpu->push_back(format_figure(p.output_tok_s_per_gpu));
     if (per_usd) per_usd->push_back(p.cost.usd_per_gpu_hour > 0 ? format_figure(p.output_tok_s_per_usd_gpu_hour) : "-");
     if (usd_m) usd_m->push_back(usd(p.usd_per_million_output_tokens));
     if (joules) joules->push_back(format_figure(p.joules_per_output_token));

@@ -69,10 +69,13 @@ std::string svg_open(double w, double h, double x, const std::string& title, con
 std::string render_chart(const std::vector<PointSummary>& points, const std::string& title,
                          const std::string& subtitle) {
   constexpr double W = 760, H = 500, L = 80, R = 30, T = 84, B = 60;  // canvas and margins, px
+  // Per GPU when the sweep was told the GPU count (--gpus); the whole server's throughput otherwise.
+  const bool per_gpu = !points.empty() && points.front().cost.gpus > 0;
+  const char* y_name = per_gpu ? "tok/s per GPU" : "tok/s (whole server)";
   std::vector<double> x, y;
   for (const auto& p : points) {
     x.push_back(p.per_stream_decode_tok_s);
-    y.push_back(p.output_tok_s_per_gpu);
+    y.push_back(per_gpu ? p.output_tok_s_per_gpu : p.output_tok_s);
   }
   const std::vector<size_t> front = pareto_front(x, y);
   const double xmax0 = x.empty() ? 1 : *std::max_element(x.begin(), x.end());
@@ -98,8 +101,8 @@ std::string render_chart(const std::vector<PointSummary>& points, const std::str
   s += fmt::format(
       "<rect x=\"{0}\" y=\"{1}\" width=\"{2}\" height=\"{3}\" fill=\"none\" stroke=\"#333\"/>\n"
       "<text x=\"{4}\" y=\"{5}\" text-anchor=\"middle\">tok/s per user (1000 / mean TPOT)</text>\n"
-      "<text transform=\"translate(20 {6}) rotate(-90)\" text-anchor=\"middle\">output tok/s per GPU</text>\n",
-      L, T, W - L - R, H - T - B, (L + W - R) / 2, H - 18, (T + H - B) / 2);
+      "<text transform=\"translate(20 {6}) rotate(-90)\" text-anchor=\"middle\">output {7}</text>\n",
+      L, T, W - L - R, H - T - B, (L + W - R) / 2, H - 18, (T + H - B) / 2, y_name);
   // The Pareto front first, so the markers sit on top of it.
   if (!front.empty()) {
     std::string pts;
@@ -117,10 +120,10 @@ std::string render_chart(const std::vector<PointSummary>& points, const std::str
       label += fmt::format("{}{} req/s", label.empty() ? "" : " @ ", tick_label(p.request_rate));
     s += fmt::format(
         "<circle class=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"5\" fill=\"{}\" stroke=\"{}\" stroke-width=\"1.5\">"
-        "<title>{}: {:.1f} tok/s per user, {:.1f} tok/s per GPU</title></circle>"
+        "<title>{}: {:.1f} tok/s per user, {:.1f} {}</title></circle>"
         "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
         on_front ? "point pareto" : "point", px(x[i]), py(y[i]), on_front ? "#d62728" : "white",
-        on_front ? "#d62728" : "#1f77b4", escape(label), x[i], y[i], px(x[i]) + 8, py(y[i]) - 8, escape(label));
+        on_front ? "#d62728" : "#1f77b4", escape(label), x[i], y[i], y_name, px(x[i]) + 8, py(y[i]) - 8, escape(label));
   }
   // Legend, one row above the plot where it can hide no point.
   s += fmt::format(

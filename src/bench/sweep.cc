@@ -159,7 +159,7 @@ nlohmann::json bench_json(const BenchConfig& cfg, const BenchResult& r, const Pr
             {"request_timeout_s", cfg.client.request_timeout_s}}},
           {"workload", std::move(workload)},
           {"cost",
-           {{"gpus", cfg.cost.gpus},
+           {{"gpus", cfg.cost.gpus > 0 ? nlohmann::json(cfg.cost.gpus) : nlohmann::json()},
             {"usd_per_gpu_hour", cfg.cost.usd_per_gpu_hour},
             {"power_kw_per_gpu", cfg.cost.kw_per_gpu},
             {"usd_per_kwh", cfg.cost.usd_per_kwh},
@@ -184,7 +184,7 @@ std::string chart_subtitle(const BenchConfig& cfg, const PromptTokenizer& tok) {
     s += fmt::format(", {} in / {} out tokens", w.input_len, w.output_len);
   if (w.kind == WorkloadKind::kSharedPrefix)
     s += fmt::format(", {} x {}-token prefixes", w.prefix_groups, w.prefix_len);
-  s += fmt::format(", {} GPU(s)", cfg.cost.gpus);
+  s += cfg.cost.gpus > 0 ? fmt::format(", {} GPU(s)", cfg.cost.gpus) : ", accelerators unknown (no --gpus)";
   if (cfg.cost.usd_per_gpu_hour > 0) s += fmt::format(" at ${:.2f}/GPU-hr", cfg.cost.usd_per_gpu_hour);
   if (!tok.exact()) s += ", approximate token counts";
   return s;

@@ -37,10 +37,10 @@ struct BenchServeArgs {
   bool ignore_eos = true, no_progress = false;
   double temperature = 0, request_timeout = 600;
   std::string extra_body;
-  int64_t gpus = 1;
+  int64_t gpus = 0;  // 0: not given; a server's accelerators are unknown to its client
   double gpu_price = 0, power_kw = 0, usd_per_kwh = 0, pue = 1.0;
   std::string out, svg;
-  CLI::Option *output_len_opt = nullptr, *num_prompts_opt = nullptr;
+  CLI::Option *output_len_opt = nullptr, *num_prompts_opt = nullptr, *gpus_opt = nullptr;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -164,11 +164,14 @@ int run_bench_serve(const BenchServeArgs& a) {
   KILN_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);
   cfg.warmup = a.warmup;
   cfg.burstiness = a.burstiness;
-  KILN_CHECK(a.gpus >= 1, "--gpus must be at least 1, got {}", a.gpus);
+  KILN_CHECK(a.gpus_opt->count() == 0 || a.gpus >= 1, "--gpus must be at least 1, got {}", a.gpus);
   KILN_CHECK(a.gpu_price >= 0, "--gpu-price must be >= 0, got {}", a.gpu_price);
   KILN_CHECK(a.power_kw >= 0, "--power-kw-per-gpu must be >= 0, got {}", a.power_kw);
   KILN_CHECK(a.usd_per_kwh >= 0, "--usd-per-kwh must be >= 0, got {}", a.usd_per_kwh);
   KILN_CHECK(a.pue >= 1.0, "--pue must be >= 1, got {}", a.pue);
+  // Prices and power are per GPU: without the count they would be guesses.
+  KILN_CHECK(a.gpus > 0 || (a.gpu_price == 0 && a.power_kw == 0),
+             "--gpu-price and --power-kw-per-gpu are per GPU: give --gpus N too (the GPUs behind the server)");
   cfg.cost = {a.gpus, a.gpu_price, a.power_kw, a.usd_per_kwh, a.pue};
   cfg.label = a.label;
   cfg.progress = !a.no_progress;
@@ -257,9 +260,12 @@ KILN_SUBCOMMAND(
       sub.add_option("--extra-body", a->extra_body, "JSON object merged into every request body");
       sub.add_option("--request-timeout", a->request_timeout, "seconds before a request counts as timed out")
           ->capture_default_str();
-      sub.add_option("--gpus", a->gpus, "GPUs behind the server, for the per-GPU columns")->capture_default_str();
-      sub.add_option("--gpu-price", a->gpu_price, "USD per GPU-hour, for the cost columns");
-      sub.add_option("--power-kw-per-gpu", a->power_kw, "board power per GPU in kW, for J/token and power cost");
+      a->gpus_opt = sub.add_option("--gpus", a->gpus,
+                                   "GPUs behind the server, for the per-GPU and cost columns (default: unknown, "
+                                   "no per-GPU figures)");
+      sub.add_option("--gpu-price", a->gpu_price, "USD per GPU-hour, for the cost columns (needs --gpus)");
+      sub.add_option("--power-kw-per-gpu", a->power_kw,
+                     "board power per GPU in kW, for J/token and power cost (needs --gpus)");
       sub.add_option("--usd-per-kwh", a->usd_per_kwh, "electricity price");
       sub.add_option("--pue", a->pue, "power usage effectiveness (facility / IT power)")->capture_default_str();
       sub.add_option("--out", a->out, "write the JSON results here (and the chart next to it as .svg)");

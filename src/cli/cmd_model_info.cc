@@ -1,14 +1,15 @@
-// `kiln model-info (--model DIR | --config FILE) [--json]`: parameter counts, KV bytes per token
-// and a per-layer summary, from the config alone (no weights are read).
+// `kiln model-info (--model DIR|CONFIG|PRESET | --config FILE) [--json]`: parameter counts, KV bytes
+// per token and a per-layer summary, from the config alone (no weights are read). --model takes the
+// same names as `kiln plan --model` (plan/presets.h), so one model name works everywhere.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <filesystem>
 
 #include "cli/command.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "model/weight_layout.h"
+#include "plan/presets.h"
 
 namespace kiln::cli {
 namespace {
@@ -30,10 +31,9 @@ std::string human(double n) {
 
 int run_model_info(const ModelInfoArgs& a) {
   KILN_CHECK(a.model_dir.empty() != a.config_file.empty(),
-             "model-info needs exactly one of --model DIR or --config FILE");
-  std::string path =
-      a.config_file.empty() ? (std::filesystem::path(a.model_dir) / "config.json").string() : a.config_file;
-  ModelConfig c = load_model_config(path);
+             "model-info needs exactly one of --model DIR|CONFIG|PRESET or --config FILE");
+  const ModelConfig c =
+      a.config_file.empty() ? plan::resolve_model(a.model_dir).config : load_model_config(a.config_file);
   ParamCounts p = count_params(c);
   int64_t kv = kv_bytes_per_token(c, 2);
   int64_t dense_layers = std::min(c.first_k_dense_replace, c.num_hidden_layers);
@@ -82,7 +82,10 @@ int run_model_info(const ModelInfoArgs& a) {
 
 KILN_COMMAND("model-info", "Parameter counts, KV bytes per token and layer summary of a model", [](CLI::App& sub) {
   auto a = std::make_shared<ModelInfoArgs>();
-  sub.add_option("--model", a->model_dir, "checkpoint directory holding config.json");
+  std::string presets;
+  for (const auto& p : plan::model_presets()) presets += (presets.empty() ? "" : ", ") + p.name;
+  sub.add_option("--model", a->model_dir,
+                 "checkpoint directory holding config.json, a config file, or a preset (" + presets + ")");
   sub.add_option("--config", a->config_file, "a config.json file");
   sub.add_flag("--json", a->json, "print JSON");
   return [a] { return run_model_info(*a); };

@@ -4,6 +4,7 @@
 // The arithmetic lives in src/plan and src/bench/cost.h; this file only maps flags onto it.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -17,6 +18,10 @@
 
 namespace kiln::cli {
 namespace {
+
+// Exit status of a plan that does not fit (of a --compare where no layout fits), so that scripts can
+// branch on the verdict; errors exit 1 and CLI11's flag errors exit 100 and up.
+constexpr int kExitDoesNotFit = 3;
 
 struct PlanArgs {
   std::string model, gpu, weights, kv = "bf16", compare, catalog;
@@ -66,7 +71,7 @@ int run_plan(const PlanArgs& a) {
       std::printf("%s\n", plan::plan_to_json(p).dump(2).c_str());
     else
       std::printf("%s", plan::format_plan(p, gpu).c_str());
-    return 0;
+    return p.fits ? 0 : kExitDoesNotFit;
   }
   std::vector<plan::Plan> plans;
   for (const auto& item : plan::parse_compare_list(a.compare)) {
@@ -100,12 +105,16 @@ int run_plan(const PlanArgs& a) {
                 static_cast<long long>(plans[0].workload.context));
     std::printf("%s", plan::format_compare(plans).c_str());
   }
-  return 0;
+  const bool any_fits = std::any_of(plans.begin(), plans.end(), [](const plan::Plan& p) { return p.fits; });
+  return any_fits ? 0 : kExitDoesNotFit;
 }
 
 KILN_COMMAND(
     "plan", "Deployment planner: memory fit, throughput ceiling and cost of a model on GPUs", [](CLI::App& sub) {
       auto a = std::make_shared<PlanArgs>();
+      sub.footer(
+          "Exit status: 0 when the plan fits (with --compare: when at least one layout fits), 3 when it does not "
+          "(the figures are then what it would give if it did), 1 on an error.");
       sub.add_option("--model", a->model,
                      "checkpoint directory, config.json, or preset (deepseek-v3, kimi-k2, "
                      "moonlight-16b-a3b, kimi-k3)");
@@ -125,7 +134,7 @@ KILN_COMMAND(
       sub.add_option("--input-len", a->input_len, "prompt tokens per request")->capture_default_str();
       sub.add_option("--output-len", a->output_len, "generated tokens per request")->capture_default_str();
       sub.add_option("--concurrency", a->concurrency, "concurrent sequences (default: as many as fit, at most 1024)");
-      sub.add_option("--gpu-price", a->gpu_price, "USD per GPU-hour (default: the catalog's placeholder)");
+      sub.add_option("--gpu-price", a->gpu_price, "USD per GPU-hour (default: the catalog's placeholder, not a quote)");
       sub.add_option("--reserve-gib", a->reserve_gib,
                      "per-GPU runtime + activation reserve in GiB (default: estimated)");
       sub.add_option("--prefill-chunk", a->prefill_chunk, "tokens per prefill chunk")->capture_default_str();

@@ -251,6 +251,7 @@ Plan make_plan(const std::string& model_name, const ModelConfig& c, const GpuSpe
   p.aggregate_tok_s = conc * out / seconds_per_round;
 
   p.usd_per_gpu_hour = o.usd_per_gpu_hour >= 0 ? o.usd_per_gpu_hour : gpu.usd_per_gpu_hour;
+  p.price_is_placeholder = o.usd_per_gpu_hour < 0;
   p.tok_s_per_gpu = bench::tok_s_per_gpu(p.aggregate_tok_s, world);
   p.tok_s_per_usd_gpu_hour = bench::tok_s_per_usd_gpu_hour(p.aggregate_tok_s, world, p.usd_per_gpu_hour);
   p.usd_per_million_tokens = bench::usd_per_million_tokens(p.aggregate_tok_s, world, p.usd_per_gpu_hour);

@@ -98,6 +98,7 @@ struct Plan {
   double aggregate_tok_s = 0;         // output tokens per second with each request's prefill paid
   // Cost and power (bench/cost.h).
   double usd_per_gpu_hour = 0;
+  bool price_is_placeholder = false;  // the catalog's default, not a price the user gave
   double tok_s_per_gpu = 0;
   double tok_s_per_usd_gpu_hour = 0;
   double usd_per_million_tokens = 0;

@@ -48,6 +48,11 @@ json step_json(const StepCost& s) {
           {"bound", s.bound}};
 }
 
+// Where a plan's GPU-hour price came from: a price the user gave, or the catalog's placeholder.
+const char* price_source(const Plan& p) {
+  return p.price_is_placeholder ? "catalog placeholder" : "given";
+}
+
 std::string step_line(const char* what, const StepCost& s) {
   return fmt::format("{} {} per step = max(memory {}, compute {}) + comm {}; {:.1f} distinct experts/layer, {}-bound",
                      what, ms(s.time_s), ms(s.mem_s), ms(s.compute_s), ms(s.comm_s), s.distinct_experts, s.bound);
@@ -124,6 +129,7 @@ json plan_to_json(const Plan& p) {
       {"prefill_tok_s_ceiling", p.prefill_tok_s},
       {"aggregate_tok_s_ceiling", p.aggregate_tok_s},
       {"usd_per_gpu_hour", p.usd_per_gpu_hour},
+      {"usd_per_gpu_hour_source", price_source(p)},
       {"tok_s_per_gpu", p.tok_s_per_gpu},
       {"tok_s_per_usd_gpu_hour", p.tok_s_per_usd_gpu_hour},
       {"usd_per_million_tokens", p.usd_per_million_tokens},
@@ -169,10 +175,13 @@ std::string format_plan(const Plan& p, const GpuSpec& gpu) {
       p.single_stream_tok_s, p.workload.concurrency, p.workload.input_len, p.workload.output_len, p.per_stream_tok_s,
       p.aggregate_tok_s, p.decode_aggregate_tok_s, p.prefill_tok_s);
   o << fmt::format(
-      "cost      ${:.2f}/GPU-hour: {:.1f} tok/s per GPU, {:.1f} tok/s per $/GPU-hr, ${:.3f} per M output "
-      "tokens, {:.3f} J/token at {:.1f} kW\n",
-      p.usd_per_gpu_hour, p.tok_s_per_gpu, p.tok_s_per_usd_gpu_hour, p.usd_per_million_tokens, p.joules_per_token,
-      p.facility_watts / 1e3);
+      "price     ${:.2f}/GPU-hour, {}\n", p.usd_per_gpu_hour,
+      p.price_is_placeholder ? "the catalog's placeholder, not a quote: set yours with --gpu-price" : "as given");
+  o << fmt::format(
+      "cost      {}{:.1f} tok/s per GPU, {:.1f} tok/s per $/GPU-hr, ${:.3f} per M output tokens, {:.3f} J/token "
+      "at {:.1f} kW\n",
+      p.fits ? "" : "if it fit: ", p.tok_s_per_gpu, p.tok_s_per_usd_gpu_hour, p.usd_per_million_tokens,
+      p.joules_per_token, p.facility_watts / 1e3);
   o << fmt::format("source    {}\n", gpu.source);
   return o.str();
 }
@@ -206,7 +215,9 @@ std::string format_compare(const std::vector<Plan>& plans) {
   fitting_row("tok/s per stream", [](const Plan& p) { return fmt::format("{:.1f}", p.per_stream_tok_s); });
   fitting_row("tok/s aggregate", [](const Plan& p) { return fmt::format("{:.0f}", p.aggregate_tok_s); });
   fitting_row("tok/s per GPU", [](const Plan& p) { return fmt::format("{:.1f}", p.tok_s_per_gpu); });
-  row("$/GPU-hour", [](const Plan& p) { return fmt::format("{:.2f}", p.usd_per_gpu_hour); });
+  row("$/GPU-hour", [](const Plan& p) {
+    return fmt::format("{:.2f}{}", p.usd_per_gpu_hour, p.price_is_placeholder ? " (placeholder)" : "");
+  });
   fitting_row("tok/s per $/GPU-hr", [](const Plan& p) { return fmt::format("{:.1f}", p.tok_s_per_usd_gpu_hour); });
   fitting_row("$ per M tokens", [](const Plan& p) { return fmt::format("{:.3f}", p.usd_per_million_tokens); });
   fitting_row("J / token", [](const Plan& p) { return fmt::format("{:.3f}", p.joules_per_token); });

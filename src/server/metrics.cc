@@ -84,9 +84,10 @@ std::string Metrics::render(const EngineStats& s, const std::string& model) cons
   gauge(out, "kiln_num_requests_waiting", "Sequences waiting for KV blocks or a batch slot", s.waiting);
   gauge(out, "kiln_http_requests_inflight", "Generation requests the server is answering", inflight.load());
   gauge(out, "kiln_kv_blocks_total", "KV cache blocks", s.blocks_total);
-  gauge(out, "kiln_kv_blocks_free", "KV cache blocks free (including evictable prefix-cache blocks)", s.blocks_free);
-  gauge(out, "kiln_kv_blocks_used", "KV cache blocks in use by running requests or the prefix cache",
-        s.blocks_total - s.blocks_free);
+  // Free means allocatable now: a prefix-cache block no request holds is evicted on demand.
+  const int64_t blocks_free = s.blocks_free + s.blocks_cached_evictable;
+  gauge(out, "kiln_kv_blocks_free", "KV cache blocks free (including evictable prefix-cache blocks)", blocks_free);
+  gauge(out, "kiln_kv_blocks_used", "KV cache blocks held by requests (total - free)", s.blocks_total - blocks_free);
   gauge(out, "kiln_kv_blocks_cached", "KV cache blocks held by the prefix cache", s.blocks_cached);
   gauge(out, "kiln_kv_blocks_cached_evictable", "Prefix-cache blocks no request holds", s.blocks_cached_evictable);
   gauge(out, "kiln_kv_block_size", "Tokens per KV block", s.block_size);

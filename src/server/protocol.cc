@@ -83,9 +83,10 @@ void parse_common(const json& b, const ProtocolLimits& lim, ParsedRequest& r) {
     s.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
   }
   // max_completion_tokens is the newer chat spelling; when both are given it wins, as in OpenAI.
-  // 0 is for /v1/completions only (with echo: score the prompt); chat rejects it below.
-  const int64_t mt = get_int(b, "max_tokens", 0, INT32_MAX, -1);
+  // max_tokens 0 is for /v1/completions only (with echo: score the prompt), so chat's range starts
+  // at 1, unless max_completion_tokens overrides it.
   const int64_t mct = get_int(b, "max_completion_tokens", 1, INT32_MAX, -1);
+  const int64_t mt = get_int(b, "max_tokens", r.chat && mct < 0 ? 1 : 0, INT32_MAX, -1);
   s.max_tokens = mct > 0 ? mct : mt;
   s.ignore_eos = get_bool(b, "ignore_eos", false);
   r.skip_special_tokens = get_bool(b, "skip_special_tokens", true);
@@ -246,7 +247,6 @@ ParsedRequest parse_chat_request(const json& b, const ProtocolLimits& lim) {
   ParsedRequest r;
   r.chat = true;
   parse_common(b, lim, r);
-  if (r.sampling.max_tokens == 0) bad("max_tokens", "'max_tokens' must be between 1 and 2147483647, got 0");
   parse_messages(b, r);
   parse_tools(b, r);
   r.logprobs = get_bool(b, "logprobs", false);

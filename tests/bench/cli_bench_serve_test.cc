@@ -50,6 +50,36 @@ TEST(BenchServeCli, TwoPointSweepWritesJsonAndSvg) {
   test::expect_chart(test::slurp(tmp.file("sweep.svg")), 2);
 }
 
+// A client cannot see the server's accelerators: without --gpus the report says so and gives no
+// per-GPU figure (it once assumed one GPU), and per-GPU prices need the count.
+TEST(BenchServeCli, WithoutGpusTheAcceleratorsAreUnknown) {
+  test::FakeServer server({.ttft_ms = 5, .itl_ms = 1});
+  TempDir tmp;
+  const std::string out = tmp.file("nogpus.json");
+  auto r = kiln::test::run_kiln("bench serve --base-url " + server.url() +
+                                " --concurrency 1 --num-prompts 2 --input-len 8 --output-len 4 --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("accelerators unknown (no --gpus)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("per GPU"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("GPU(s)"), std::string::npos) << r.out;
+  const nlohmann::json j = kiln::test::read_json(out);
+  EXPECT_TRUE(j["cost"]["gpus"].is_null()) << j["cost"].dump();
+  EXPECT_TRUE(j["summary"][0]["gpus"].is_null());
+  EXPECT_TRUE(j["summary"][0]["output_tok_s_per_gpu"].is_null());
+  const std::string svg = test::slurp(tmp.file("nogpus.svg"));
+  EXPECT_NE(svg.find("output tok/s (whole server)"), std::string::npos);
+  EXPECT_EQ(svg.find("per GPU"), std::string::npos);
+
+  for (const char* flags : {"--gpu-price 2", "--power-kw-per-gpu 0.7"}) {
+    r = kiln::test::run_kiln("bench serve --base-url " + server.url() + " --num-prompts 1 " + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find("give --gpus N too"), std::string::npos) << flags << ": " << r.out;
+  }
+  r = kiln::test::run_kiln("bench serve --base-url " + server.url() + " --num-prompts 1 --gpus 0");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--gpus must be at least 1"), std::string::npos) << r.out;
+}
+
 TEST(BenchServeCli, FailingRequestsAreReportedNotFatal) {
   test::FakeServer server({.ttft_ms = 5, .itl_ms = 1, .fail_every = 2});
   TempDir tmp;

@@ -49,6 +49,22 @@ TEST(BenchCostReport, ReproducesThePublishedTable) {
   EXPECT_NE(format_table({point(952, 118, 64, CostSpec{8, 2.5})}).find("$5.84"), std::string::npos);
 }
 
+// An unknown GPU count (no --gpus) gives no per-GPU column and no per-GPU figure, not "1 GPU".
+TEST(BenchCostReport, NoGpuCountNoPerGpuColumn) {
+  const PointSummary s = point(952, 118, 64, CostSpec{});
+  EXPECT_TRUE(std::isnan(s.output_tok_s_per_gpu));
+  EXPECT_TRUE(to_json(s)["gpus"].is_null());
+  EXPECT_TRUE(to_json(s)["output_tok_s_per_gpu"].is_null());
+  const std::string table = format_table({s});
+  EXPECT_EQ(table.find("per GPU"), std::string::npos) << table;
+  EXPECT_NE(table.find(" 952 |"), std::string::npos) << table;
+  EXPECT_NE(format_table({point(952, 118, 64, CostSpec{8})}).find("tok/s per GPU (8)"), std::string::npos);
+  // The chart plots the whole server's throughput instead, and says so.
+  const std::string svg = render_chart({s}, "t", "s");
+  EXPECT_NE(svg.find("output tok/s (whole server)"), std::string::npos);
+  EXPECT_EQ(svg.find("per GPU"), std::string::npos);
+}
+
 TEST(BenchCostReport, PowerColumns) {
   // 8 x 0.7 kW at PUE 1.25 = 7 kW facility; at 1400 tok/s that is 5 J per token. Per hour: $16 of
   // GPU time + 7 kWh x $0.10 = $16.70 over 5.04 M tokens.

@@ -36,9 +36,10 @@ CliRun kiln(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-json kiln_json(const std::string& args) {
+// `status`: 0 for a plan that fits, 3 for one that does not (the JSON is printed either way).
+json kiln_json(const std::string& args, int status = 0) {
   CliRun r = kiln(args + " --json");
-  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.status, status) << args << ": " << r.out;
   return json::parse(r.out);
 }
 
@@ -60,12 +61,12 @@ TEST(PlanCli, JsonHasTheContractFields) {
 
 TEST(PlanCli, ContractFlagsAndFitVerdicts) {
   // The DESIGN.md contract spelling: --gpus per node, --nodes, --weights, --kv, --context.
-  json j = kiln_json("plan --model kimi-k3 --gpu B200 --gpus 8 --context 1000000");
+  json j = kiln_json("plan --model kimi-k3 --gpu B200 --gpus 8 --context 1000000", 3);
   EXPECT_FALSE(j["fits"].get<bool>());
   j = kiln_json("plan --model kimi-k3 --gpu B200 --gpus 8 --nodes 2 --context 1000000");
   EXPECT_TRUE(j["fits"].get<bool>());
   EXPECT_EQ(j["gpus"].get<int64_t>(), 16);
-  j = kiln_json("plan --model kimi-k2 --gpu H200 --gpus 8 --weights bf16");
+  j = kiln_json("plan --model kimi-k2 --gpu H200 --gpus 8 --weights bf16", 3);
   EXPECT_FALSE(j["fits"].get<bool>());
   j = kiln_json("plan --model kimi-k2 --gpu H200 --gpus 8 --weights int4 --kv fp8");
   EXPECT_TRUE(j["fits"].get<bool>());
@@ -74,6 +75,39 @@ TEST(PlanCli, ContractFlagsAndFitVerdicts) {
   const json cheap = kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 1.25");
   const json dear = kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 2.5");
   EXPECT_NEAR(dear["usd_per_million_tokens"].get<double>(), 2 * cheap["usd_per_million_tokens"].get<double>(), 1e-9);
+}
+
+// Scripts branch on the verdict: a plan that does not fit exits 3 (not 0, not an error's 1), and its
+// cost figures are marked as what it would give if it fit.
+TEST(PlanCli, APlanThatDoesNotFitExitsThree) {
+  CliRun r = kiln("plan --model kimi-k2 --gpu H200 --gpus 8 --weights bf16");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cost      if it fit: "), std::string::npos) << r.out;
+  r = kiln("plan --model kimi-k2 --gpu H200 --gpus 8 --weights int4");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("if it fit"), std::string::npos) << r.out;
+  // --compare: 3 only when no layout fits.
+  EXPECT_EQ(kiln("plan --model kimi-k3 --kv-pool 1000000 --compare B200:8,B300:8").status, 0);
+  r = kiln("plan --model kimi-k3 --kv-pool 1000000 --compare B200:8,H100:8");
+  EXPECT_EQ(r.status, 3) << r.out;
+  EXPECT_EQ(kiln("plan --model kimi-k3 --kv-pool 1000000 --compare B200:8,H100:8 --json").status, 3);
+}
+
+// The catalog's prices are placeholders, and every output says so unless the user gave a price.
+TEST(PlanCli, PlaceholderPricesAreLabelled) {
+  CliRun r = kiln("plan --model kimi-k2 --gpu H200 --weights int4");
+  EXPECT_NE(r.out.find("placeholder, not a quote: set yours with --gpu-price"), std::string::npos) << r.out;
+  r = kiln("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 3");
+  EXPECT_NE(r.out.find("$3.00/GPU-hour, as given"), std::string::npos) << r.out;
+  EXPECT_EQ(kiln_json("plan --model kimi-k2 --gpu H200 --weights int4")["usd_per_gpu_hour_source"],
+            "catalog placeholder");
+  EXPECT_EQ(kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 3")["usd_per_gpu_hour_source"],
+            "given");
+  r = kiln("plan --model kimi-k2 --weights int4 --compare H200:8,H200:8:price=3");
+  EXPECT_NE(r.out.find("(placeholder)"), std::string::npos) << r.out;
+  r = kiln("plan --list-gpus");
+  EXPECT_EQ(r.out.find("benchmark issue"), std::string::npos) << r.out;
 }
 
 TEST(PlanCli, CompareSetsPlansSideBySide) {
@@ -106,6 +140,28 @@ TEST(PlanCli, ReadsAConfigFileOrDirectory) {
   EXPECT_EQ(from_dir["weight_bytes_total"], preset["weight_bytes_total"]);
   EXPECT_EQ(from_file["kv_capacity_tokens"], preset["kv_capacity_tokens"]);
   fs::remove_all(dir);
+}
+
+// `kiln model-info --model` takes the same names as `kiln plan --model`: every preset, in any
+// spelling find_preset accepts, and the same error listing them for an unknown name.
+TEST(PlanCli, ModelInfoTakesThePlansPresetNames) {
+  for (const auto& p : kiln::plan::model_presets()) {
+    CliRun r = kiln("model-info --model " + p.name + " --json");
+    ASSERT_EQ(r.status, 0) << p.name << ": " << r.out;
+    const json j = json::parse(r.out);
+    EXPECT_EQ(j["config"]["hidden_size"], p.config.hidden_size) << p.name;
+    EXPECT_EQ(j["kv_values_per_token_per_layer"], p.config.kv_row_dim()) << p.name;
+    // Both commands read the model alike: plan's KV bytes per token are model-info's.
+    const json plan = kiln_json("plan --model " + p.name + " --gpu B300 --gpus 8 --weights int4 --kv-pool 1000");
+    EXPECT_EQ(plan["kv_bytes_per_token"], j["kv_bytes_per_token"]) << p.name;
+  }
+  CliRun r = kiln("model-info --model Kimi_K2");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("kimi_k2"), std::string::npos) << r.out;  // its model_type
+  r = kiln("model-info --model no-such-model");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("--model no-such-model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kimi-k2"), std::string::npos) << r.out;
 }
 
 TEST(PlanCli, ErrorsNameTheThingAtFault) {

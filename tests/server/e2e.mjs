@@ -270,7 +270,8 @@ async function disconnect() {
     return Number(t.split("\n").find((l) => l.startsWith(name + " ")).split(" ")[1]);
   };
   const running = () => metric("kiln_num_requests_running");
-  const baseline = await metric("kiln_kv_blocks_used") - await metric("kiln_kv_blocks_cached_evictable");
+  // Used = held by requests (evictable prefix-cache blocks count as free).
+  const baseline = await metric("kiln_kv_blocks_used");
   const aborted0 = await metric("kiln_requests_aborted_total");
   await Promise.all(Array.from({ length: count }, async (_, i) => {
     const ctl = new AbortController();
@@ -294,7 +295,7 @@ async function disconnect() {
   let used = -1, run = -1;
   for (let i = 0; i < 300; i++) {
     run = await running();
-    used = await metric("kiln_kv_blocks_used") - await metric("kiln_kv_blocks_cached_evictable");
+    used = await metric("kiln_kv_blocks_used");
     if (run === 0 && used === baseline) break;
     await new Promise((r) => setTimeout(r, 100));
   }

@@ -120,6 +120,28 @@ TEST(Protocol, RejectionsNameTheParameter) {
   EXPECT_EQ(rejected_param({{"prompt", "x"}, {"logprobs", 21}}, false), "logprobs");
 }
 
+// The message states the range each endpoint accepts: chat rejects 0, completions take it (echo).
+TEST(Protocol, MaxTokensErrorStatesTheAcceptedRange) {
+  auto message = [](const json& body, bool is_chat) -> std::string {
+    try {
+      is_chat ? parse_chat_request(body, limits()) : parse_completion_request(body, limits());
+    } catch (const ApiError& e) {
+      return e.what();
+    }
+    return "<accepted>";
+  };
+  for (int bad : {-1, 0})
+    EXPECT_NE(message(chat({{"max_tokens", bad}}), true).find("'max_tokens' must be between 1 and 2147483647"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(message({{"prompt", "x"}, {"max_tokens", -1}}, false).find("'max_tokens' must be between 0 and"),
+            std::string::npos);
+  // max_completion_tokens wins over max_tokens, and is checked first.
+  EXPECT_EQ(parse_chat_request(chat({{"max_tokens", 0}, {"max_completion_tokens", 5}}), limits()).sampling.max_tokens,
+            5);
+  EXPECT_EQ(rejected_param(chat({{"max_tokens", 0}, {"max_completion_tokens", 0}})), "max_completion_tokens");
+}
+
 TEST(Protocol, MalformedJsonIs400) {
   for (const char* s : {"", "{", "nul", "{\"a\":}", "\xff\xfe"}) {
     try {
