@@ -26,6 +26,7 @@ struct BenchModelArgs {
   std::string model, config, device = "cpu", batch_sizes = "1,8,32", json_out, kv_cache_memory;
   Precision precision;
   bool random = false, warmup = true, enforce_eager = false;
+  bool no_overlap = false;
   int64_t prompt_len = 128, decode_steps = 32, block_size = 64, max_batched_tokens = 8192, prefill_chunk = 0;
   uint64_t seed = 0;
 };
@@ -103,6 +104,7 @@ int run_bench_model(const BenchModelArgs& a) {
   cfg.block_size = a.block_size;
   cfg.prefix_caching = false;  // random prompts share nothing; keep the cache out of the numbers
   cfg.cuda_graphs = !a.enforce_eager;
+  cfg.overlap_schedule = !a.no_overlap;
   cfg.scheduler.max_num_seqs = max_batch;
   cfg.scheduler.max_batched_tokens = a.max_batched_tokens;
   cfg.scheduler.max_prefill_chunk = a.prefill_chunk;
@@ -181,6 +183,8 @@ KILN_SUBCOMMAND("bench", "model", "Offline engine throughput of a model (prefill
   sub.add_option("--seed", a->seed, "seed of the prompts and random weights")->capture_default_str();
   sub.add_flag("!--no-warmup", a->warmup, "skip the warm-up run before each batch size");
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
+  sub.add_flag("--disable-overlap-schedule", a->no_overlap,
+               "read each step's tokens before scheduling the next (default: the next step is queued first)");
   add_precision_options(sub, a->precision);
   sub.add_option("--json", a->json_out, "also write the results as JSON to this file");
   return [a] { return run_bench_model(*a); };

@@ -26,6 +26,7 @@ struct GenerateArgs {
   SamplingParams sampling;
   bool json = false;
   bool enforce_eager = false;
+  bool no_overlap = false;
 };
 
 int run_generate(GenerateArgs a) {
@@ -59,6 +60,7 @@ int run_generate(GenerateArgs a) {
   cfg.block_size = a.block_size;
   cfg.scheduler.max_num_seqs = 1;
   cfg.cuda_graphs = !a.enforce_eager;
+  cfg.overlap_schedule = !a.no_overlap;
   if (!a.kv_cache_memory.empty())
     cfg.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
   else  // one request: the blocks it can use (submit() refuses one past the model's positions)
@@ -116,6 +118,8 @@ KILN_COMMAND("generate", "Generate a continuation of a prompt", [](CLI::App& sub
   sub.add_option("--block-size", a->block_size, "tokens per KV block")->capture_default_str();
   sub.add_flag("--json", a->json, "print JSON");
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
+  sub.add_flag("--disable-overlap-schedule", a->no_overlap,
+               "read each step's tokens before scheduling the next (default: the next step is queued first)");
   return [a] { return run_generate(*a); };
 });
 

@@ -32,6 +32,7 @@ struct ServeArgs {
   double kv_fraction = 0.9;
   bool no_prefix_caching = false;
   bool enforce_eager = false;
+  bool no_overlap = false;
 };
 
 int g_signal_pipe[2] = {-1, -1};
@@ -109,6 +110,7 @@ int run_serve(ServeArgs a) {
   ec.max_model_len = a.max_model_len;
   ec.prefix_caching = !a.no_prefix_caching;
   ec.cuda_graphs = !a.enforce_eager;
+  ec.overlap_schedule = !a.no_overlap;
   if (a.num_kv_blocks > 0)
     ec.kv.num_blocks = a.num_kv_blocks;
   else if (!a.kv_cache_memory.empty())
@@ -175,6 +177,8 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_option("--gpu-memory-utilization", a->kv_fraction, "KV share of free GPU memory")->capture_default_str();
   sub.add_flag("--no-prefix-caching", a->no_prefix_caching, "disable the radix prefix cache");
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
+  sub.add_flag("--disable-overlap-schedule", a->no_overlap,
+               "read each step's tokens before scheduling the next (default: the next step is queued first)");
   sub.add_option("--max-pending-requests", c.max_pending_requests, "requests in flight; more get 503")
       ->capture_default_str();
   sub.add_option("--http-threads", c.threads, "HTTP worker threads (one per open stream)")->capture_default_str();

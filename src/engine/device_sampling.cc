@@ -7,18 +7,21 @@
 
 namespace kiln {
 
-std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logits,
-                                            const std::vector<const Sequence*>& seqs) {
+DeviceSamples start_sampling(ops::Backend& be, const Tensor& logits, const std::vector<const Sequence*>& seqs) {
   const auto R = static_cast<int64_t>(seqs.size());
   const int64_t V = logits.shape.at(1);
   KILN_CHECK(logits.shape.at(0) == R, "internal: {} logit rows for {} sequences", logits.shape.at(0), R);
-  if (R == 0) return {};
-  int64_t num_top = 0;
+  DeviceSamples d;
+  d.rows = R;
+  if (R == 0) return d;
   for (const Sequence* s : seqs) {
     const SamplingParams& p = s->sampler.params();
     // Rows wanting more than the op gives are the host path's (their results here are unused).
-    if (p.logprobs || p.top_logprobs > 0) num_top = std::max(num_top, std::min(p.top_logprobs, ops::kMaxTopLogprobs));
+    if (p.logprobs || p.top_logprobs > 0)
+      d.num_top = std::max(d.num_top, std::min(p.top_logprobs, ops::kMaxTopLogprobs));
+    d.wanted_top.push_back(p.logprobs || p.top_logprobs > 0 ? p.top_logprobs : -1);
   }
+  const int64_t num_top = d.num_top;
   // Penalty entries (none for a request whose penalties are off); no CSR at all when no row has any.
   std::vector<int32_t> pen_off{0}, pen_ids, pen_counts;
   for (const Sequence* s : seqs) {
@@ -93,17 +96,24 @@ std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logi
   sp.top_ids = reinterpret_cast<int32_t*>(dout + 2 * R);
   sp.top_logprobs = reinterpret_cast<float*>(dout + 2 * R + R * num_top);
   be.sample(sp);
-  std::vector<uint32_t> back(static_cast<size_t>(2 * R + 2 * R * num_top));
-  be.download(back.data(), outb.t);
+  d.out = std::move(outb);
+  d.download = be.start_download(d.out.t);
+  return d;
+}
 
+std::vector<SampleResult> finish_sampling(ops::Backend& be, const DeviceSamples& d) {
+  const int64_t R = d.rows, num_top = d.num_top;
   std::vector<SampleResult> results(static_cast<size_t>(R));
+  if (R == 0) return results;
+  std::vector<uint32_t> back(static_cast<size_t>(2 * R + 2 * R * num_top));
+  be.finish_download(d.download, back.data());
   for (int64_t i = 0; i < R; ++i) {
-    const SamplingParams& p = seqs[static_cast<size_t>(i)]->sampler.params();
     SampleResult& r = results[static_cast<size_t>(i)];
     std::memcpy(&r.token, &back[static_cast<size_t>(i)], 4);
-    if (!(p.logprobs || p.top_logprobs > 0)) continue;
+    const int64_t wanted = d.wanted_top[static_cast<size_t>(i)];
+    if (wanted < 0) continue;
     std::memcpy(&r.logprob, &back[static_cast<size_t>(R + i)], 4);
-    for (int64_t j = 0; j < std::min(p.top_logprobs, num_top); ++j) {
+    for (int64_t j = 0; j < std::min(wanted, num_top); ++j) {
       TokenLogprob t;
       std::memcpy(&t.token, &back[static_cast<size_t>(2 * R + i * num_top + j)], 4);
       std::memcpy(&t.logprob, &back[static_cast<size_t>(2 * R + R * num_top + i * num_top + j)], 4);
@@ -111,6 +121,11 @@ std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logi
     }
   }
   return results;
+}
+
+std::vector<SampleResult> sample_on_backend(ops::Backend& be, const Tensor& logits,
+                                            const std::vector<const Sequence*>& seqs) {
+  return finish_sampling(be, start_sampling(be, logits, seqs));
 }
 
 }  // namespace kiln

@@ -111,54 +111,121 @@ void Engine::wait_idle() {
 }
 
 void Engine::loop() {
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   for (;;) {
     {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || scheduler_->has_work(); });
+      wake_.wait(lock,
+                 [&] { return stop_ || inflight_ || !inbox_.empty() || !cancels_.empty() || scheduler_->has_work(); });
       if (stop_) break;
     }
     intake();
-    SchedulerOutput out;
+    // Overlapped: step n+1 is scheduled and queued before step n's tokens are read, so the device
+    // never waits for the host's bookkeeping. Only while every request samples on the device
+    // with nothing the host must see between steps; otherwise the step in flight settles first.
+    const bool overlap = cfg_.overlap_schedule && unsafe_ == 0;
     StepTimes times;
-    using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
-    auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+    if (!overlap && inflight_) settle(times);
+    SchedulerOutput out;
+    std::optional<ModelRunner::InFlight> next;
     if (scheduler_->has_work()) {
+      const auto t_schedule = Clock::now();
       try {
         out = scheduler_->schedule();
-        times.schedule = since(t0);
-        forward_seconds_ = 0;
-        step_run(out);
-        times.forward = forward_seconds_;
+        times.schedule += since(t_schedule);
+        if (out.empty()) {
+          step_run(out);
+        } else if (overlap) {
+          const auto t_launch = Clock::now();
+          next = runner_->launch(out, inflight_ ? &*inflight_ : nullptr);
+          for (const ScheduledSeq& it : out.seqs) {
+            ++it.seq->steps_in_flight;
+            if (it.sample) it.seq->tokens.push_back(kPendingToken);  // filled in when next settles
+          }
+          times.forward += since(t_launch);
+        } else {
+          forward_seconds_ = 0;
+          step_run(out);
+          times.forward += forward_seconds_;
+          device_seconds_ += runner_->last_device_seconds();
+        }
       } catch (const std::exception& e) {
         // A failed step aborts the requests in it (all of them when it failed before choosing),
         // never the engine.
         spdlog::error("engine step failed: {}", e.what());
+        if (inflight_) settle(times);
         std::vector<Sequence*> victims;
         for (const ScheduledSeq& it : out.seqs) victims.push_back(it.seq);
         if (victims.empty())
           for (auto& [id, seq] : seqs_) victims.push_back(seq.get());
         for (Sequence* v : victims) finish(v, FinishReason::Abort, e.what());
         out = {};
+        next.reset();
       }
     }
+    if (inflight_) settle(times);
+    const bool overlapped = next.has_value();
+    if (next) {
+      scheduler_->computed(next->out);  // after the step before it settled: every token is known
+      inflight_ = std::move(next);
+      if (cfg_.check_invariants) check_invariants();
+    }
     // Post-processing: this step's commit, and the previous step's flush (timed after its stats).
-    times.post = std::max(0.0, since(t0) - times.schedule - times.forward) + std::exchange(flush_seconds_, 0.0);
+    times.post +=
+        std::max(0.0, since(t0) - times.schedule - times.forward - times.post) + std::exchange(flush_seconds_, 0.0);
     // Stats first, so a client that sees its final chunk also sees the blocks it freed.
-    publish_stats(times, out);
+    publish_stats(times, out, overlapped);
     const auto t_flush = Clock::now();
     flush();
     flush_seconds_ = since(t_flush);
     std::lock_guard lock(mu_);
-    busy_ = scheduler_->has_work() || !inbox_.empty();
+    busy_ = inflight_ || scheduler_->has_work() || !inbox_.empty();
     if (!busy_) idle_.notify_all();
   }
   // Shutting down: whatever is left ends as aborted.
+  StepTimes ignored;
+  if (inflight_) settle(ignored);
   intake();
   std::vector<Sequence*> left;
   for (auto& [id, seq] : seqs_) left.push_back(seq.get());
   for (Sequence* s : left) finish(s, FinishReason::Abort, "the engine shut down");
   flush();
+}
+
+void Engine::settle(StepTimes& times) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const ModelRunner::InFlight step = std::move(*inflight_);
+  inflight_.reset();
+  std::vector<SampleResult> results;
+  try {
+    results = runner_->collect(step);
+  } catch (const std::exception& e) {  // the step failed on the device: its requests end, not the engine
+    spdlog::error("engine step failed: {}", e.what());
+    for (const ScheduledSeq& it : step.out.seqs) {
+      --it.seq->steps_in_flight;
+      finish(it.seq, FinishReason::Abort, e.what());
+    }
+    return;
+  }
+  const auto t1 = Clock::now();
+  times.forward += std::chrono::duration<double>(t1 - t0).count();  // waiting for the device
+  device_seconds_ += runner_->last_device_seconds();
+  size_t r = 0;
+  for (const ScheduledSeq& it : step.out.seqs) {
+    Sequence* s = it.seq;
+    --s->steps_in_flight;
+    touched_.push_back(s);  // flushed, and dropped once finished with nothing in flight
+    if (!it.sample) continue;
+    const SampleResult& res = results[r++];
+    if (s->finished()) continue;  // finished (or cancelled) while the step ran: its token is void
+    s->resolve(it.start + it.num_tokens, res, max_model_len_);
+    if (s->finished()) retire(s);
+  }
+  times.post += std::chrono::duration<double>(Clock::now() - t1).count();
+  if (cfg_.check_invariants) check_invariants();
 }
 
 void Engine::intake() {
@@ -171,6 +238,12 @@ void Engine::intake() {
   }
   for (auto& seq : in) {
     Sequence* s = seq.get();
+    const SamplingParams& p = s->sampler.params();
+    // What the host must see between two steps of this request: its logits (a constraint's mask,
+    // many top logprobs, prompt logprobs) or its latest tokens (penalties are counted on the host).
+    s->overlap_safe = !s->constraint && p.top_logprobs <= ops::kMaxTopLogprobs && s->prompt_logprobs < 0 &&
+                      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+    unsafe_ += !s->overlap_safe;
     seqs_.emplace(s->id, std::move(seq));
     if (s->max_tokens == 0 && s->prompt_logprobs < 0)  // nothing to compute
       finish(s, FinishReason::Length);
@@ -243,7 +316,7 @@ void Engine::retire(Sequence* seq) {
   ++(*seq->finish_reason == FinishReason::Abort ? aborted_ : finished_);
 }
 
-void Engine::publish_stats(const StepTimes& t, const SchedulerOutput& out) {
+void Engine::publish_stats(const StepTimes& t, const SchedulerOutput& out, bool overlapped) {
   std::lock_guard lock(mu_);
   EngineStats& s = stats_;
   s.running = scheduler_->num_running();
@@ -256,12 +329,14 @@ void Engine::publish_stats(const StepTimes& t, const SchedulerOutput& out) {
   s.preemptions = scheduler_->num_preemptions();
   s.requests_finished = finished_;
   s.requests_aborted = aborted_;
+  s.schedule_seconds += t.schedule;
+  s.forward_seconds += t.forward;
+  s.post_seconds += t.post;
+  s.device_seconds = device_seconds_;
   if (!out.empty()) {
-    s.schedule_seconds += t.schedule;
-    s.forward_seconds += t.forward;
-    s.post_seconds += t.post;
     const double seconds = t.schedule + t.forward + t.post;
     ++s.steps;
+    s.overlapped_steps += overlapped;
     for (const ScheduledSeq& it : out.seqs) s.generated_tokens += it.sample;
     if (out.prefill_tokens > 0) {
       ++s.prefill_steps;
@@ -280,8 +355,11 @@ void Engine::flush() {
   touched_.erase(std::unique(touched_.begin(), touched_.end()), touched_.end());
   for (Sequence* s : touched_) {
     const bool done = s->finished();
-    s->stream->push(std::exchange(s->pending, {}));
-    if (done) seqs_.erase(s->id);
+    s->stream->push(std::exchange(s->pending, {}));  // a stream ignores what follows its last chunk
+    if (done && s->steps_in_flight == 0) {           // a step in flight still points at it
+      unsafe_ -= !s->overlap_safe;
+      seqs_.erase(s->id);
+    }
   }
   touched_.clear();
 }

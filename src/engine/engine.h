@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -32,7 +33,10 @@ struct EngineConfig {
   bool prefix_caching = true;
   int64_t max_model_len = 0;  // longest sequence (0: the model's max_position_embeddings)
   MlaForm mla_form = MlaForm::Auto;
-  bool cuda_graphs = true;        // replay decode steps from CUDA graphs where the backend has them
+  bool cuda_graphs = true;  // replay decode steps from CUDA graphs where the backend has them
+  // Schedule and queue step n+1 before reading step n's tokens (SGLang's overlap scheduler, vLLM's
+  // async scheduling) whenever every request allows it (Engine::intake says which do).
+  bool overlap_schedule = true;
   bool check_invariants = false;  // check the allocator and prefix cache after every step (tests)
 };
 
@@ -46,6 +50,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t requests_submitted = 0, requests_finished = 0, requests_aborted = 0;
   int64_t steps = 0, generated_tokens = 0;
+  int64_t overlapped_steps = 0;  // steps queued before the step before them had its tokens read
   // Steps with any prefill (or recompute) tokens vs pure decode steps, and their wall time.
   int64_t prefill_steps = 0, prefill_tokens = 0, decode_steps = 0, decode_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
@@ -53,6 +58,9 @@ struct EngineStats {
   // (inputs up, the model, tokens down: the device is busy for at most this long); committing
   // tokens, stop checks and streaming out.
   double schedule_seconds = 0, forward_seconds = 0, post_seconds = 0;
+  // The device's time from each step's first queued op to its last: its busy time, in-step gaps
+  // included (small with CUDA graphs).
+  double device_seconds = 0;
 };
 
 class Engine {
@@ -87,7 +95,9 @@ class Engine {
   struct StepTimes {
     double schedule = 0, forward = 0, post = 0;
   };
-  void publish_stats(const StepTimes& t, const SchedulerOutput& out);
+  void publish_stats(const StepTimes& t, const SchedulerOutput& out, bool overlapped);
+  // Waits for the step in flight and commits its tokens (adds to times' forward and post).
+  void settle(StepTimes& times);
   void check_invariants() const;  // allocator, cache, and every block reference accounted for
 
   DeepseekV3Model& model_;
@@ -105,8 +115,11 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> touched_;  // sequences with output to flush this iteration
   int64_t finished_ = 0, aborted_ = 0;
-  double forward_seconds_ = 0;  // the last step_run's forward
-  double flush_seconds_ = 0;    // the last flush, counted in the next step's post-processing
+  double forward_seconds_ = 0;                     // the last step_run's forward
+  double flush_seconds_ = 0;                       // the last flush, counted in the next step's post-processing
+  double device_seconds_ = 0;                      // the device's time on the steps settled so far
+  std::optional<ModelRunner::InFlight> inflight_;  // the overlapped loop's step whose tokens are not read yet
+  int64_t unsafe_ = 0;                             // requests (in seqs_) that rule the overlap out
 
   // Shared with submitters, under mu_.
   mutable std::mutex mu_;

@@ -1,7 +1,9 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <unordered_map>
 
+#include "core/error.h"
 #include "engine/device_sampling.h"
 #include "kv/block_allocator.h"
 #include "ops/cpu/sampling.h"
@@ -27,16 +29,28 @@ void record_prompt_logprob(Sequence& s, int64_t p, std::span<const float> logits
 
 }  // namespace
 
-ForwardBatch ModelRunner::build(const SchedulerOutput& out) const {
+ForwardBatch ModelRunner::build(const SchedulerOutput& out, const InFlight* prev) const {
   ForwardBatch b;
   const int64_t bs = pool_.block_size;
+  bool pending = false;                               // some token comes from prev's samples
+  std::unordered_map<const Sequence*, int32_t> rows;  // prev's sampled sequence -> its row
+  if (prev)
+    for (size_t i = 0; i < prev->sampled.size(); ++i) rows.emplace(prev->sampled[i], static_cast<int32_t>(i));
+  auto prev_row = [&](const Sequence* s) {
+    const auto it = rows.find(s);
+    KILN_CHECK(it != rows.end(), "internal: request {} has a pending token but no step in flight sampled it", s->id);
+    return it->second;
+  };
   for (const ScheduledSeq& it : out.seqs)
     b.max_blocks = std::max(b.max_blocks, kv::blocks_for(it.start + it.num_tokens, bs));
   b.cu_q.push_back(0);
   for (const ScheduledSeq& it : out.seqs) {
     const Sequence& s = *it.seq;
     for (int64_t p = it.start; p < it.start + it.num_tokens; ++p) {
-      b.tokens.push_back(s.tokens[static_cast<size_t>(p)]);
+      const int32_t token = s.tokens[static_cast<size_t>(p)];
+      pending |= token == kPendingToken;
+      b.token_from.push_back(token == kPendingToken ? prev_row(&s) : -1);
+      b.tokens.push_back(token == kPendingToken ? 0 : token);
       b.positions.push_back(static_cast<int32_t>(p));
       b.slot_mapping.push_back(kv::slot_of(s.block_table, p, bs));
       if (wants_prompt_row(s, p)) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
@@ -48,12 +62,40 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out) const {
     b.block_tables.insert(b.block_tables.end(), s.block_table.begin(), s.block_table.begin() + used);
     b.block_tables.insert(b.block_tables.end(), static_cast<size_t>(b.max_blocks - used), 0);
   }
+  if (pending)
+    b.prev_tokens = prev->samples.tokens();
+  else
+    b.token_from.clear();
   return b;
 }
 
-std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
-  const ForwardBatch batch = build(out);
+ModelRunner::InFlight ModelRunner::launch(const SchedulerOutput& out, const InFlight* prev) {
   ops::Backend& be = model_.backend();
+  InFlight step;
+  step.start = be.mark();
+  const ForwardBatch batch = build(out, prev);
+  const Tensor logits = model_.forward_logits(batch, pool_, form_);  // [sampled rows, vocab] on the backend
+  for (const ScheduledSeq& it : out.seqs)
+    if (it.sample) step.sampled.push_back(it.seq);
+  KILN_CHECK(static_cast<int64_t>(step.sampled.size()) == logits.shape.at(0),
+             "internal: an overlapped step has {} logit rows for {} sampled sequences", logits.shape.at(0),
+             step.sampled.size());
+  step.samples = start_sampling(be, logits, step.sampled);
+  step.end = be.mark();
+  step.out = out;
+  return step;
+}
+
+std::vector<SampleResult> ModelRunner::collect(const InFlight& step) {
+  std::vector<SampleResult> results = finish_sampling(model_.backend(), step.samples);
+  last_device_seconds_ = model_.backend().elapsed_seconds(step.start, step.end);
+  return results;
+}
+
+std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
+  ops::Backend& be = model_.backend();
+  const auto start = be.mark();
+  const ForwardBatch batch = build(out);
   const Tensor logits = model_.forward_logits(batch, pool_, form_);  // [logit rows, vocab] on the backend
   const int64_t V = model_.config().vocab_size;
 
@@ -115,6 +157,7 @@ std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
     if (s.constraint) s.constraint->mask(l);
     results.push_back(s.sampler.sample(l, s.prompt(), s.output()));
   }
+  last_device_seconds_ = be.elapsed_seconds(start, be.mark());
   return results;
 }
 

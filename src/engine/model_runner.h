@@ -5,6 +5,9 @@
 
 #include <vector>
 
+#include <memory>
+
+#include "engine/device_sampling.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/deepseek_v3.h"
@@ -21,13 +24,32 @@ class ModelRunner {
   // Runs one step; returns one result per scheduled sequence with `sample` set, in order.
   std::vector<SampleResult> run(const SchedulerOutput& out);
 
-  // The step's plain data (block tables padded with block 0 to the longest).
-  ForwardBatch build(const SchedulerOutput& out) const;
+  // A step queued on the backend whose sampled tokens the host has not read yet (the overlapped
+  // loop). Every sampled row of such a step is sampled on the backend, and no row wants its
+  // logits on the host: Engine overlaps only requests that allow it.
+  struct InFlight {
+    SchedulerOutput out;
+    DeviceSamples samples;
+    std::vector<const Sequence*> sampled;  // the sequence of each row of `samples`
+    std::shared_ptr<void> start, end;      // device marks around the step's work
+  };
+  // Queues one step (inputs, forward, sampling, the tokens' download) and returns without waiting.
+  // Tokens still pending from `prev` (kPendingToken) are read from its samples on the backend.
+  InFlight launch(const SchedulerOutput& out, const InFlight* prev);
+  // Waits for a launched step's tokens: one result per sampled sequence, in order.
+  std::vector<SampleResult> collect(const InFlight& step);
+  // Device time of the last step run or collected, from its first queued op to its last.
+  double last_device_seconds() const { return last_device_seconds_; }
+
+  // The step's plain data (block tables padded with block 0 to the longest); pending tokens are
+  // taken from prev's samples.
+  ForwardBatch build(const SchedulerOutput& out, const InFlight* prev = nullptr) const;
 
  private:
   DeepseekV3Model& model_;
   LatentKvPool& pool_;
   MlaForm form_;
+  double last_device_seconds_ = 0;
 };
 
 }  // namespace kiln

@@ -38,6 +38,10 @@ SchedulerOutput Scheduler::schedule() {
   bool preempted = false;
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* s = running_[i];
+    if (s->decoding && s->num_output() >= s->max_tokens) {  // its last token is still pending (overlap)
+      ++i;
+      continue;
+    }
     const int64_t n = chunk(s, budget);
     bool fits = true;
     while (!reserve(s, s->num_computed + n)) {
@@ -78,6 +82,7 @@ SchedulerOutput Scheduler::schedule() {
 void Scheduler::computed(const SchedulerOutput& out) {
   for (const ScheduledSeq& it : out.seqs) {
     Sequence* s = it.seq;
+    if (s->finished()) continue;  // finished while its step was in flight (overlap): nothing to keep
     s->num_computed = it.start + it.num_tokens;
     if (it.sample) s->decoding = true;
     publish(s);

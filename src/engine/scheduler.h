@@ -48,7 +48,9 @@ class Scheduler {
   void add(Sequence* seq);  // joins the back of the waiting queue
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   SchedulerOutput schedule();
-  // After the forward: the scheduled tokens' KV is in the pool; publish completed blocks.
+  // After the forward: the scheduled tokens' KV is in the pool; publish completed blocks. With a
+  // step in flight (the overlapped loop), called once the step before it has its tokens, so that
+  // every published block's tokens are known.
   void computed(const SchedulerOutput& out);
   // Takes a finished or aborted sequence out of the queues and lets go of its blocks.
   void remove(Sequence* seq);

@@ -16,6 +16,10 @@
 
 namespace kiln {
 
+// A token sampled by a step still in flight (the overlapped loop): its place in `tokens` is taken
+// so the next step can be scheduled, and it is filled in when the step's results come back.
+inline constexpr int32_t kPendingToken = -1;
+
 struct Sequence {
   enum class Status { Waiting, Running, Finished };
 
@@ -58,6 +62,11 @@ struct Sequence {
   // Appends a sampled token to the output and to `pending`, and finishes the sequence when a
   // stop condition holds: a stop id, a stop string in the text, max_tokens or `max_len` tokens.
   void append(const SampleResult& r, int64_t max_len);
+  // The same for the token sampled at position `pos`, whose place holds kPendingToken: later
+  // pending places are dropped when it finishes the sequence.
+  void resolve(int64_t pos, const SampleResult& r, int64_t max_len);
+  int64_t steps_in_flight = 0;  // launched steps with this sequence whose results are not in yet
+  bool overlap_safe = true;     // its sampling needs nothing from the host between steps
   // Marks it finished (no-op when it already is) and fills the usage fields of `pending`.
   void finish(FinishReason reason, std::string error = {});
 };

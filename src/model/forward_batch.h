@@ -19,6 +19,11 @@ struct ForwardBatch {
   int64_t max_blocks = 0;
   std::vector<int32_t> slot_mapping;  // [T]: pool slot (block * block_size + offset) for each token
   std::vector<int32_t> logit_rows;    // rows of T whose logits the caller wants, in order
+  // Tokens the step before sampled and has not told the host yet (the overlapped engine loop):
+  // token t is prev_tokens[token_from[t]] where token_from[t] >= 0 (tokens[t] is then a stand-in).
+  // Empty: every token is in `tokens`.
+  std::vector<int32_t> token_from;       // [T] or empty
+  const int32_t* prev_tokens = nullptr;  // on the backend: the earlier step's sampled tokens
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }

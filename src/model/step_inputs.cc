@@ -17,6 +17,9 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
                  static_cast<int64_t>(batch.block_tables.size()) == B * batch.max_blocks,
              "malformed ForwardBatch: {} tokens, {} sequences", T, B);
   for (int32_t id : batch.tokens) KILN_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+  const bool take = !batch.token_from.empty();
+  KILN_CHECK(!take || (static_cast<int64_t>(batch.token_from.size()) == T && batch.prev_tokens),
+             "malformed ForwardBatch: token_from has {} entries for {} tokens", batch.token_from.size(), T);
   for (int32_t s : batch.slot_mapping)
     KILN_CHECK(s >= 0 && s < pool.num_slots(), "slot {} is outside the KV pool ({} slots)", s, pool.num_slots());
   for (int32_t p : batch.positions)
@@ -64,6 +67,7 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
       at(lay.ids, t_new) = batch.tokens[static_cast<size_t>(t)];
       at(lay.pos, t_new) = batch.positions[static_cast<size_t>(t)];
       at(lay.slots, t_new) = batch.slot_mapping[static_cast<size_t>(t)];
+      at(lay.from, t_new) = take ? batch.token_from[static_cast<size_t>(t)] : -1;
     }
     at(lay.cu_q, i + 1) = t_new;
     at(lay.kv_lens, i) = batch.kv_lens[sb];
@@ -92,6 +96,8 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
     return v;
   };
   in.ids = view(lay.ids, {Tp});
+  // The earlier step's sampled tokens, still on the device, replace their stand-ins.
+  if (take) be_.take_tokens({in.ids.t.as<int32_t>(), in.buffer.t.as<int32_t>() + lay.from, batch.prev_tokens, Tp});
   in.pos = view(lay.pos, {Tp});
   in.slots = view(lay.slots, {Tp});
   in.cu_q = view(lay.cu_q, {Bp + 1});

@@ -16,13 +16,13 @@ namespace kiln {
 // cu_q / cu_kv rebased to zero, so it runs as a batch of its own over its own context only.
 struct DeepseekV3Model::StepInputs {
   int64_t T = 0, B = 0;
-  int64_t Ta = 0, Ba = 0;           // the absorbed part
-  int64_t total_kv_x = 0;           // context rows of the expanded part (cu_kv_x[B - Ba])
-  OwnedTensor buffer;               // [ids | pos | slots | cu_q | kv_lens | block_tables | cu_q_x | cu_kv_x] int32
-  OwnedTensor ids, pos, slots;      // [T] each, in the reordered token order
-  OwnedTensor cu_q, kv_lens;        // [B + 1], [B]
-  OwnedTensor block_tables;         // [B, stride]
-  OwnedTensor cu_q_x, cu_kv_x;      // [B - Ba + 1] each: the expanded part's, from 0
+  int64_t Ta = 0, Ba = 0;       // the absorbed part
+  int64_t total_kv_x = 0;       // context rows of the expanded part (cu_kv_x[B - Ba])
+  OwnedTensor buffer;           // [ids | pos | slots | from | cu_q | kv_lens | block_tables | cu_q_x | cu_kv_x] int32
+  OwnedTensor ids, pos, slots;  // [T] each, in the reordered token order
+  OwnedTensor cu_q, kv_lens;    // [B + 1], [B]
+  OwnedTensor block_tables;     // [B, stride]
+  OwnedTensor cu_q_x, cu_kv_x;  // [B - Ba + 1] each: the expanded part's, from 0
   std::vector<int32_t> logit_rows;  // the caller's logit rows in the reordered token order
 
   // The paged cache of `layer` as sequences [first_seq, B) see it.
@@ -56,12 +56,13 @@ struct DeepseekV3Model::DecodeGraphs {
 // Offsets of each array in the packed StepInputs buffer, for T tokens, B sequences and block
 // tables `stride` entries wide.
 struct StepInputLayout {
-  int64_t ids, pos, slots, cu_q, kv_lens, tables, cu_q_x, cu_kv_x, total;
+  int64_t ids, pos, slots, from, cu_q, kv_lens, tables, cu_q_x, cu_kv_x, total;
   StepInputLayout(int64_t T, int64_t B, int64_t stride)
       : ids(0),
         pos(T),
         slots(2 * T),
-        cu_q(3 * T),
+        from(3 * T),
+        cu_q(4 * T),
         kv_lens(cu_q + B + 1),
         tables(kv_lens + B),
         cu_q_x(tables + B * stride),

@@ -56,6 +56,15 @@ class Backend {
   virtual int64_t free_memory_bytes() const = 0;
   // Waits for all queued work (timing).
   virtual void synchronize() {}
+  // Starts copying `src` to the host behind the work queued so far, and returns at once;
+  // finish_download waits for that copy alone (work queued after it may still run) and hands the
+  // bytes to `dst`. The pair lets the engine queue step n+1 before it reads step n's tokens.
+  virtual std::shared_ptr<void> start_download(const Tensor& src);
+  virtual void finish_download(const std::shared_ptr<void>& started, void* dst);
+  // A mark in the device's work queue; elapsed_seconds(a, b) waits for b and returns the device
+  // time between the two marks (the host clock on backends that run ops as they are called).
+  virtual std::shared_ptr<void> mark();
+  virtual double elapsed_seconds(const std::shared_ptr<void>& a, const std::shared_ptr<void>& b);
   // CUDA graphs (decode steps): ops issued between begin_capture() and end_capture() are
   // recorded instead of run, and replay() reruns them on the same buffers. Memory allocated while
   // capturing comes from a pool reserved for graphs, so nothing else can be handed a captured
@@ -82,6 +91,7 @@ class Backend {
     linear(proj);
   }
   virtual void add(const AddParams& p) = 0;
+  virtual void take_tokens(const TakeTokensParams& p) = 0;
   virtual void swiglu(const SwigluParams& p) = 0;
   virtual void rope(const RopeParams& p) = 0;
   virtual void mla_expanded(const MlaExpandedParams& p) = 0;

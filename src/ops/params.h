@@ -91,6 +91,15 @@ struct CopyParams {
   int64_t src_repeat = 1;
 };
 
+// ids[i] = src[from[i]] where from[i] >= 0; other ids stay. The overlapped engine loop feeds a
+// step the tokens the step before it sampled, still on the device, without a round trip.
+struct TakeTokensParams {
+  int32_t* ids;         // [n]
+  const int32_t* from;  // [n]: a row of src, or -1
+  const int32_t* src;   // [rows of the earlier step's samples]
+  int64_t n;
+};
+
 // silu(gate) * up, with gate and up side by side in one row.
 struct SwigluParams {
   const float* gate_up;  // [rows, 2 * inter]: gate columns then up columns

@@ -57,6 +57,7 @@ class CpuBackend final : public Backend {
   void linear(const LinearParams& p) override { cpu::linear(p); }
   void linear_heads(const LinearHeadsParams& p) override { cpu::linear_heads(p); }
   void add(const AddParams& p) override { cpu::add(p); }
+  void take_tokens(const TakeTokensParams& p) override { cpu::take_tokens(p); }
   void swiglu(const SwigluParams& p) override { cpu::swiglu(p); }
   void rope(const RopeParams& p) override { cpu::rope(p); }
   void mla_expanded(const MlaExpandedParams& p) override { cpu::mla_expanded(p); }

@@ -15,6 +15,7 @@ void rms_norm(const RmsNormParams& p);
 void linear(const LinearParams& p);
 void linear_heads(const LinearHeadsParams& p);
 void add(const AddParams& p);
+void take_tokens(const TakeTokensParams& p);
 void swiglu(const SwigluParams& p);
 void rope(const RopeParams& p);
 void mla_expanded(const MlaExpandedParams& p);

@@ -71,6 +71,11 @@ void add(const AddParams& p) {
   for (int64_t i = 0; i < p.n; ++i) p.out[i] = p.a[i] + p.b[i];
 }
 
+void take_tokens(const TakeTokensParams& p) {
+  for (int64_t i = 0; i < p.n; ++i)
+    if (p.from[i] >= 0) p.ids[i] = p.src[p.from[i]];
+}
+
 void swiglu(const SwigluParams& p) {
 #pragma omp parallel for if (p.rows > 16)
   for (int64_t r = 0; r < p.rows; ++r) {

@@ -116,6 +116,59 @@ class PinnedStaging {
   size_t next_ = 0;
 };
 
+// Pinned host blocks kept for reuse: pinning memory costs far more than a step's download.
+class PinnedPool {
+ public:
+  ~PinnedPool() {
+    for (auto& [size, p] : free_) cudaFreeHost(p);
+  }
+  void* get(size_t bytes, size_t& got) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end()) {
+      got = it->first;
+      void* p = it->second;
+      free_.erase(it);
+      return p;
+    }
+    got = std::max<size_t>(bytes, size_t{64} << 10);
+    void* p = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&p, got));
+    return p;
+  }
+  void put(void* p, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(size, p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+};
+
+// A copy to pinned host memory queued on the stream, with the event that says it landed.
+struct StartedDownload {
+  std::shared_ptr<PinnedPool> pool;
+  void* host = nullptr;
+  size_t bytes = 0, capacity = 0;
+  cudaEvent_t done = nullptr;
+  ~StartedDownload() {
+    if (done) {
+      cudaEventSynchronize(done);  // the copy may still be writing the block
+      cudaEventDestroy(done);
+    }
+    if (host) pool->put(host, capacity);
+  }
+};
+
+// An event with timing, for the device's busy time between two points of the queue.
+struct TimingMark {
+  cudaEvent_t event = nullptr;
+  ~TimingMark() {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend()
@@ -168,6 +221,35 @@ class CudaBackend final : public Backend {
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void synchronize() override { KILN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::shared_ptr<void> start_download(const Tensor& src) override {
+    auto d = std::make_shared<StartedDownload>();
+    d->pool = pinned_;
+    d->bytes = src.nbytes();
+    d->host = pinned_->get(d->bytes, d->capacity);
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&d->done, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(d->host, src.data, d->bytes, cudaMemcpyDeviceToHost, stream_));
+    KILN_CUDA_CHECK(cudaEventRecord(d->done, stream_));
+    return d;
+  }
+  void finish_download(const std::shared_ptr<void>& started, void* dst) override {
+    const auto& d = *static_cast<const StartedDownload*>(started.get());
+    KILN_CUDA_CHECK(cudaEventSynchronize(d.done));
+    std::memcpy(dst, d.host, d.bytes);
+  }
+  std::shared_ptr<void> mark() override {
+    auto m = std::make_shared<TimingMark>();
+    KILN_CUDA_CHECK(cudaEventCreate(&m->event));
+    KILN_CUDA_CHECK(cudaEventRecord(m->event, stream_));
+    return m;
+  }
+  double elapsed_seconds(const std::shared_ptr<void>& a, const std::shared_ptr<void>& b) override {
+    const cudaEvent_t ea = static_cast<const TimingMark*>(a.get())->event,
+                      eb = static_cast<const TimingMark*>(b.get())->event;
+    KILN_CUDA_CHECK(cudaEventSynchronize(eb));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, ea, eb));
+    return ms / 1e3;
+  }
 
   bool supports_graphs() const override { return !profile_; }
   void begin_capture() override {
@@ -286,6 +368,9 @@ class CudaBackend final : public Backend {
   void add(const AddParams& p) override {
     run("add", [&] { cuda::add(p, stream_); });
   }
+  void take_tokens(const TakeTokensParams& p) override {
+    run("take_tokens", [&] { cuda::take_tokens(p, stream_); });
+  }
   void swiglu(const SwigluParams& p) override {
     run("swiglu", [&] { cuda::swiglu(p, stream_); });
   }
@@ -360,6 +445,7 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;  // allocations come from graph_alloc_
   cudaStream_t stream_ = nullptr;
   PinnedStaging staging_;
+  std::shared_ptr<PinnedPool> pinned_ = std::make_shared<PinnedPool>();
   cuda::Gemm gemm_;
   std::string name_;
 };

@@ -33,6 +33,7 @@ void rms_norm(const RmsNormParams& p, cudaStream_t s);
 // The same norm written as bf16 parts (p.out unused): saves the GEMM after it a split pass.
 void rms_norm(const RmsNormParams& p, const BfParts& out, cudaStream_t s);
 void add(const AddParams& p, cudaStream_t s);
+void take_tokens(const TakeTokensParams& p, cudaStream_t s);
 void swiglu(const SwigluParams& p, cudaStream_t s);
 void swiglu(const SwigluParams& p, const BfParts& out, cudaStream_t s);  // p.out unused
 void rope(const RopeParams& p, cudaStream_t s);

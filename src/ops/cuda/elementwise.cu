@@ -136,6 +136,11 @@ __global__ void add_kernel(AddParams p) {
   if (i < p.n) p.out[i] = p.a[i] + p.b[i];
 }
 
+__global__ void take_tokens_kernel(TakeTokensParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < p.n && p.from[i] >= 0) p.ids[i] = p.src[p.from[i]];
+}
+
 // V columns a thread (row_pass_at); kParts: written as bf16 parts (`parts`) instead of f32 at p.out.
 template <int V, bool kParts>
 __global__ void swiglu_kernel(SwigluParams p, BfParts parts) {
@@ -278,6 +283,9 @@ void rms_norm(const RmsNormParams& p, const BfParts& out, cudaStream_t s) {
 }
 void add(const AddParams& p, cudaStream_t s) {
   if (p.n) launch_pdl(add_kernel, dim3(blocks_for(p.n, 256)), dim3(256), 0, s, p);
+}
+void take_tokens(const TakeTokensParams& p, cudaStream_t s) {
+  if (p.n) take_tokens_kernel<<<blocks_for(p.n, 256), 256, 0, s>>>(p);
 }
 void swiglu(const SwigluParams& p, cudaStream_t s) {
   launch_swiglu(p, nullptr, s);
