@@ -139,6 +139,7 @@ nlohmann::json to_json(const PointSummary& s) {
                    {"schedule_s", s.engine->schedule_s},
                    {"forward_s", s.engine->forward_s},
                    {"post_s", s.engine->post_s},
+                   {"device_busy_s", s.engine->device_busy_s},
                    {"ms_per_step",
                     {{"schedule", 1e3 * s.engine->schedule_s / steps},
                      {"forward", 1e3 * s.engine->forward_s / steps},
@@ -163,6 +164,7 @@ std::optional<EnginePhases> parse_engine_phases(const std::string& text) {
     double* field = name == "kiln_engine_phase_seconds_total{phase=\"schedule\"}"  ? &p.schedule_s
                     : name == "kiln_engine_phase_seconds_total{phase=\"forward\"}" ? &p.forward_s
                     : name == "kiln_engine_phase_seconds_total{phase=\"post\"}"    ? &p.post_s
+                    : name == "kiln_engine_device_busy_seconds_total"              ? &p.device_busy_s
                     : name == "kiln_engine_steps_total"                            ? &p.steps
                                                                                    : nullptr;
     if (!field) continue;
@@ -181,7 +183,8 @@ std::optional<EnginePhases> engine_phases_between(const std::optional<EnginePhas
                                                   const std::optional<EnginePhases>& after) {
   if (!before || !after) return std::nullopt;
   return EnginePhases{after->schedule_s - before->schedule_s, after->forward_s - before->forward_s,
-                      after->post_s - before->post_s, after->steps - before->steps};
+                      after->post_s - before->post_s, after->device_busy_s - before->device_busy_s,
+                      after->steps - before->steps};
 }
 
 nlohmann::json to_json(const RequestRecord& r, int64_t point) {

@@ -42,6 +42,7 @@ void count_tokens(std::vector<RequestRecord>& records, const PromptTokenizer* to
 // The engine loop's counters as a Kiln server's /metrics reports them.
 struct EnginePhases {
   double schedule_s = 0, forward_s = 0, post_s = 0;
+  double device_busy_s = 0;  // the device's time on the engine's steps (CUDA events)
   double steps = 0;
 };
 
@@ -72,7 +73,7 @@ struct PointSummary {
   double client_cpu_s = 0;                              // the load generator's CPU time in the point
   double client_cpu_utilization = 0;                    // client_cpu_s / duration: near 1 means saturated
   // A Kiln server's engine loop over the point (its /metrics before and after): seconds per
-  // phase and the forward's share of the point's wall time, which bounds the device's busy time.
+  // phase, and the device's busy time as a share of the point's wall time.
   std::optional<EnginePhases> engine;
   double engine_busy_fraction = 0;
 };

@@ -107,10 +107,11 @@ std::string format_notes(const std::vector<PointSummary>& points) {
     }
     if (p.engine && p.engine->steps > 0)
       out += fmt::format(
-          "{}: Kiln engine forward (with sampling) {:.0f}% of the wall time; per step {:.2f} ms forward, {:.2f} ms "
-          "schedule, {:.2f} ms post-processing over {:.0f} steps\n",
-          at, p.engine_busy_fraction * 100, 1e3 * p.engine->forward_s / p.engine->steps,
-          1e3 * p.engine->schedule_s / p.engine->steps, 1e3 * p.engine->post_s / p.engine->steps, p.engine->steps);
+          "{}: Kiln device busy {:.0f}% of the wall time; per step {:.2f} ms on the device, host {:.2f} ms in the "
+          "forward (launch and wait), {:.2f} ms schedule, {:.2f} ms post-processing over {:.0f} steps\n",
+          at, p.engine_busy_fraction * 100, 1e3 * p.engine->device_busy_s / p.engine->steps,
+          1e3 * p.engine->forward_s / p.engine->steps, 1e3 * p.engine->schedule_s / p.engine->steps,
+          1e3 * p.engine->post_s / p.engine->steps, p.engine->steps);
     if (p.client_cpu_utilization > 0.9)
       out += fmt::format(
           "{}: the load generator used {:.0f}% of a core; these figures may be its limit, not the server's\n", at,

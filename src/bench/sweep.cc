@@ -98,7 +98,7 @@ BenchResult run_bench(BenchConfig& cfg, const PromptTokenizer& tok) {
     count_tokens(pr.run.records, &tok);
     pr.summary = summarize(pr.run.records, pr.run.duration_s, cfg.cost, pr.run.max_in_flight, pr.run.client_cpu_s);
     if ((pr.summary.engine = engine_phases_between(before, after)) && pr.run.duration_s > 0)
-      pr.summary.engine_busy_fraction = pr.summary.engine->forward_s / pr.run.duration_s;
+      pr.summary.engine_busy_fraction = pr.summary.engine->device_busy_s / pr.run.duration_s;
     pr.summary.concurrency = spec.concurrency;
     pr.summary.request_rate = spec.request_rate;
     out.interrupted |= pr.run.interrupted;

@@ -106,6 +106,9 @@ std::string Metrics::render(const EngineStats& s, const std::string& model) cons
   for (const auto& [phase, v] : {std::pair{"schedule", s.schedule_seconds}, std::pair{"forward", s.forward_seconds},
                                  std::pair{"post", s.post_seconds}})
     out += fmt::format("kiln_engine_phase_seconds_total{{phase=\"{}\"}} {}\n", phase, v);
+  counter(out, "kiln_engine_device_busy_seconds_total",
+          "Device time from each engine step's first queued op to its last (its rate: the busy fraction)",
+          s.device_seconds);
   counter(out, "kiln_requests_aborted_total", "Requests the engine aborted (cancelled or failed)", s.requests_aborted);
   // The engine has no speculative decoding yet: these stay 0 until a drafter is configured.
   counter(out, "kiln_spec_decode_draft_tokens_total", "Draft tokens proposed", 0);

@@ -64,9 +64,9 @@ TEST(BenchServeKiln, TwoPointSweepAgainstKilnServe) {
     EXPECT_GT(s["engine"]["forward_s"].get<double>(), 0);
     const double busy = s["engine"]["busy_fraction"].get<double>();
     EXPECT_GT(busy, 0);
-    EXPECT_LE(busy, 1.05);  // the forward runs inside the point's wall time
+    EXPECT_LE(busy, 1.05);  // the steps run inside the point's wall time
   }
-  EXPECT_NE(r.out.find("Kiln engine forward"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Kiln device busy"), std::string::npos) << r.out;
   // Exact prompt lengths through the model's tokenizer: the server counts what we meant to send.
   for (const auto& rec : j["requests"]) EXPECT_NEAR(rec["prompt_tokens"].get<double>(), 32, 4) << rec.dump();
   test::expect_chart(test::slurp((tmp / "kiln.svg").string()), 2);

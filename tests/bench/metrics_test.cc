@@ -116,12 +116,14 @@ TEST(BenchMetrics, EnginePhasesFromAKilnMetricsPage) {
       "kiln_engine_phase_seconds_total{phase=\"schedule\"} 0.5\n"
       "kiln_engine_phase_seconds_total{phase=\"forward\"} 8\n"
       "kiln_engine_phase_seconds_total{phase=\"post\"} 1.25\n"
+      "kiln_engine_device_busy_seconds_total 7.5\n"
       "kiln_kv_blocks_total 100\n";
   const auto before = parse_engine_phases(page);
   ASSERT_TRUE(before.has_value());
   EXPECT_DOUBLE_EQ(before->steps, 40);
   EXPECT_DOUBLE_EQ(before->forward_s, 8);
   EXPECT_DOUBLE_EQ(before->post_s, 1.25);
+  EXPECT_DOUBLE_EQ(before->device_busy_s, 7.5);
   std::string later = page;
   later.replace(later.find("} 8"), 3, "} 20");
   later.replace(later.find("total 40"), 8, "total 70");
