@@ -18,6 +18,15 @@ void check_counts(const char* op, std::span<const size_t> counts, int world_size
              counts.size(), world_size);
 }
 
+std::vector<uint8_t> broadcast_blob(Communicator& host_comm, const std::vector<uint8_t>& blob, int root) {
+  const bool mine = host_comm.rank() == root;
+  int64_t size = mine ? static_cast<int64_t>(blob.size()) : 0;
+  host_comm.broadcast(&size, 1, DType::I64, root);
+  std::vector<uint8_t> out = mine ? blob : std::vector<uint8_t>(static_cast<size_t>(size));
+  host_comm.broadcast(out.data(), out.size(), DType::U8, root);
+  return out;
+}
+
 void sum_in_rank_order(std::span<const void* const> sources, size_t count, DType dtype, void* dst) {
   KILN_CHECK(!sources.empty(), "sum: no sources");
   if (dtype == DType::F32) {

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -50,6 +52,10 @@ class Communicator {
   // stop waiting for it instead of hanging. Safe to call from any thread, more than once.
   virtual void abort(const std::string& reason) = 0;
 };
+
+// Gives every rank `root`'s blob (its length need not be known elsewhere): how rank 0 hands the
+// NCCL unique id to the others over a host communicator. Other ranks' `blob` is ignored.
+std::vector<uint8_t> broadcast_blob(Communicator& host_comm, const std::vector<uint8_t>& blob, int root = 0);
 
 // The checks every implementation makes before a collective, each failing with a kiln::Error that
 // names the collective and the fault.

@@ -45,6 +45,17 @@ TEST_P(ThreadCollectives, BarrierWaitsForEveryRank) {
   });
 }
 
+TEST_P(ThreadCollectives, BroadcastBlobReachesEveryRank) {
+  run_ranks(GetParam(), [](dist::Communicator& c) {
+    const int root = c.world_size() - 1;
+    std::vector<uint8_t> blob;
+    if (c.rank() == root)
+      for (int i = 0; i < 128; ++i) blob.push_back(static_cast<uint8_t>(i * 7 + 1));
+    const auto got = dist::broadcast_blob(c, blob, root);
+    if (got.size() != 128 || got[5] != 36) throw Error("wrong blob");
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ThreadCollectives, ::testing::Values(1, 2, 3, 4, 8));
 
 TEST(ThreadCommunicator, RanksAndKind) {
