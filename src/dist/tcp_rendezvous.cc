@@ -32,7 +32,10 @@ std::vector<uint8_t> text_bytes(const std::string& s) {
 
 std::vector<Fd> rendezvous_root(const TcpOptions& o) {
   const auto deadline = deadline_after(o.rendezvous_timeout_s);
-  Fd listener = listen_tcp(o.host, o.port);
+  // Rank 0 listens on every interface, as the name others reach it by may resolve differently on
+  // its own machine (Debian maps the host name to 127.0.1.1); a loopback address stays loopback.
+  const bool loopback = o.host == "localhost" || o.host.rfind("127.", 0) == 0 || o.host == "::1";
+  Fd listener = listen_tcp(loopback ? o.host : "", o.port);
   std::vector<Fd> peers(o.world_size);
   int arrived = 1;
   while (arrived < o.world_size) {
