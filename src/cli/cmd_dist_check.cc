@@ -127,6 +127,7 @@ int run_dist_check(const DistCheckArgs& a) {
   dist::TcpOptions o = dist::tcp_options(info, a.rendezvous_timeout_s);
   o.op_timeout_s = a.op_timeout_s;
   auto comm = dist::connect_tcp(o);
+  std::fprintf(stderr, "kiln dist-check: rank %d: the group of %d formed\n", info.node_rank, info.nnodes);
   print_layout(info.nnodes, info.node_rank, info.node_rank + 1);
   std::string line;
   for (int64_t i = 0; i < a.repeat; ++i) line = check_collectives(*comm, static_cast<size_t>(a.count));

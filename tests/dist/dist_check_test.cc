@@ -3,6 +3,9 @@
 // comes ends the run with an error naming it; the layout lines for a fixture.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <regex>
 
 #include "test_util.h"
@@ -66,9 +69,15 @@ TEST(DistCheck, KillingARankMidRunEndsTheOtherNamingIt) {
     auto rank = [&](int r) {
       return kiln() + " dist-check --repeat 1000000000 --nnodes 2 --node-rank " + std::to_string(r) + " " + addr;
     };
-    // The victim runs bare, so that the kill reaches kiln itself and not a wrapper.
-    const RunResult res = run_shell(rank(killed) + " & victim=$!; timeout 30 " + rank(survivor) +
-                                    " & other=$!; sleep 1; kill -9 $victim; wait $other; echo \"survivor exit $?\"");
+    // The victim runs bare, so that the kill reaches kiln itself and not a wrapper, and is killed
+    // only once it has said the group formed (a loaded machine may take a while to get there).
+    const std::string log =
+        ::testing::TempDir() + "dist_check_victim_" + std::to_string(getpid()) + "_" + std::to_string(killed) + ".log";
+    const RunResult res =
+        run_shell(rank(killed) + " 2>" + log + " & victim=$!; timeout 30 " + rank(survivor) +
+                  " & other=$!; for i in $(seq 300); do grep -q 'formed' " + log +
+                  " && break; sleep 0.1; done; kill -9 $victim; wait $other; echo \"survivor exit $?\"");
+    std::filesystem::remove(log);
     EXPECT_NE(res.out.find("survivor exit 1"), std::string::npos) << res.out;
     EXPECT_NE(res.out.find("rank " + std::to_string(killed) + " exited or was killed"), std::string::npos) << res.out;
   }

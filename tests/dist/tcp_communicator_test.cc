@@ -102,13 +102,14 @@ TEST(TcpCommunicator, KilledRankZeroIsNamed) {
 
 TEST(TcpCommunicator, RendezvousWithAMissingRankTimesOutOnEveryRank) {
   const int port = free_port();
+  // Rank 1 waits longer than rank 0, so that even a slow start reaches rank 0 before it gives up.
   auto opts = [&](int rank) {
     auto o = options(rank, 3, port);
-    o.rendezvous_timeout_s = 1;
+    o.rendezvous_timeout_s = rank == 0 ? 2 : 20;
     return o;
   };
   Child rank1 = spawn_child([&] { dist::connect_tcp(opts(1)); });
-  const std::string want = "timed out after 1 s: a rank of 3 never arrived (rank 2 missing)";
+  const std::string want = "timed out after 2 s: a rank of 3 never arrived (rank 2 missing)";
   try {
     dist::connect_tcp(opts(0));
     ADD_FAILURE() << "a group of 3 formed from 2 ranks";
