@@ -54,6 +54,7 @@ class ParallelLayout {
   int heads_per_rank() const { return heads_per_rank_; }
   int64_t experts_per_rank() const { return experts_per_rank_; }
   int64_t vocab_per_rank() const { return vocab_per_rank_; }  // padded: every rank's logits block in a gather
+  int64_t vocab_size() const { return m_.vocab_size; }
   RankShare share(int rank) const;
   // The DCP rank that stores the latent KV row of token position `pos`.
   int kv_owner(int64_t pos) const { return static_cast<int>((pos / p_.dcp_interleave) % p_.dcp); }
