@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -94,7 +95,7 @@ class TcpCommunicator final : public Communicator {
     aborted_ = fmt::format("rank {} ended the group: {}", rank(), reason);
     // Tell the peers (best effort: some may be gone), then wake this rank's own blocked collective.
     for (size_t r = 0; r < peers_.size(); ++r)
-      if (peers_[r].valid()) try_send(peers_[r], WireOp::Abort, seq_, *aborted_);
+      if (peers_[r].valid()) try_send(peers_[r], WireOp::Abort, seq_.load(), *aborted_);
     const char byte = 1;
     [[maybe_unused]] const ssize_t n = ::write(wake_write_.get(), &byte, 1);
   }
@@ -254,7 +255,7 @@ class TcpCommunicator final : public Communicator {
       if (rank() == 0)
         for (int r = 1; r < world_size(); ++r) {
           if (!peers_[r].valid()) continue;
-          if (first) try_send(peers_[r], WireOp::Abort, seq_, why);
+          if (first) try_send(peers_[r], WireOp::Abort, seq_.load(), why);
           ::shutdown(peers_[r].get(), SHUT_WR);
         }
     }
@@ -295,8 +296,8 @@ class TcpCommunicator final : public Communicator {
   const TcpOptions opts_;
   std::vector<Fd> peers_;
   Fd wake_read_, wake_write_;
-  uint64_t seq_ = 0;
-  std::mutex send_mu_;  // one frame at a time on a socket; guards aborted_
+  std::atomic<uint64_t> seq_{0};  // read by abort() from any thread
+  std::mutex send_mu_;            // one frame at a time on a socket; guards aborted_
   std::optional<std::string> aborted_;
 };
 
