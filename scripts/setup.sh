@@ -15,6 +15,7 @@ PKGS=(
   libcpp-httplib-dev libssl-dev zlib1g-dev             # HTTP server and client
   libcurl4-openssl-dev                                 # kiln bench serve: HTTP client (multi-socket API)
   curl                                                 # scripts/serve-demo.sh (the README demo)
+  openmpi-bin                                          # mpirun: the multi-process launch tests (tests/dist)
   python3
 )
 missing=()
