@@ -2,8 +2,10 @@
 // 12-token vocabulary stand in for target and drafter (the drafter deliberately different); a
 // speculative loop with k = 3 drafts per step generates two tokens per trial under temperature 1
 // with top-k and top-p, and a chi-square test compares the first token, and the pair, with the
-// target's own distribution. The same test run on a verifier with an off-by-one (draft i checked
-// against p_{i+1}) must fail, which shows the test can see such a bug.
+// target's own distribution. The same test must fail on a verifier with an off-by-one (draft i
+// checked against p_{i+1}) and on one that resamples from p_i instead of the residual at a
+// rejection (it emits only tokens the target allows, so only the counts can tell), which shows the
+// test can see such bugs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,10 +46,30 @@ SamplingParams sampled() {
   return s;
 }
 
-// `shift` 0 is the real verifier; 1 feeds it p_{i+1} where p_i belongs (the off-by-one).
-// Returns the first two tokens after token 0 for one seed.
+enum class Verifier {
+  Exact,               // spec::verify
+  OffByOne,            // spec::verify fed p_{i+1} where p_i belongs
+  ResampleFromTarget,  // a broken copy below: a rejection draws from p_i, not from max(p_i - q_i, 0)
+};
+
+int32_t verify_resampling_from_target(const float* p, const float* q, const int32_t* drafts, uint64_t seed,
+                                      uint64_t position, int32_t* out) {
+  for (int32_t i = 0; i < kDrafts; ++i) {
+    const float *pi = p + i * kVocab, *qi = q + i * kVocab;
+    if (ops::sample_uniform(seed, (position + i) | kAcceptStream) * qi[drafts[i]] < pi[drafts[i]]) {
+      out[i] = drafts[i];
+      continue;
+    }
+    out[i] = draw_weighted(pi, kVocab, ops::sample_uniform(seed, position + i));
+    return i;
+  }
+  out[kDrafts] = draw_weighted(p + kDrafts * kVocab, kVocab, ops::sample_uniform(seed, position + kDrafts));
+  return kDrafts;
+}
+
+// The first two tokens after token 0 for one seed.
 std::pair<int32_t, int32_t> speculate_two(const MarkovModel& target, const MarkovModel& draft, uint64_t seed,
-                                          int shift) {
+                                          Verifier verifier) {
   std::vector<int32_t> emitted;
   int32_t last = 0;
   while (emitted.size() < 2) {
@@ -67,8 +89,13 @@ std::pair<int32_t, int32_t> speculate_two(const MarkovModel& target, const Marko
     const uint8_t greedy = 0;
     int32_t k = kDrafts, accepted = -1;
     std::vector<int32_t> out(kDrafts + 1);
-    verify({p.data() + shift * kVocab, q.data(), drafts.data(), &k, &greedy, &seed, &position, 1, kDrafts, kVocab,
-            out.data(), &accepted});
+    if (verifier == Verifier::ResampleFromTarget) {
+      accepted = verify_resampling_from_target(p.data(), q.data(), drafts.data(), seed, position, out.data());
+    } else {
+      const int64_t shift = verifier == Verifier::OffByOne ? kVocab : 0;
+      verify({p.data() + shift, q.data(), drafts.data(), &k, &greedy, &seed, &position, 1, kDrafts, kVocab, out.data(),
+              &accepted});
+    }
     for (int32_t i = 0; i <= accepted; ++i) emitted.push_back(out[i]);
     last = emitted.back();
   }
@@ -111,11 +138,11 @@ struct Outcome {
   ChiSquare first, pair;
 };
 
-Outcome run_trials(int shift) {
+Outcome run_trials(Verifier verifier) {
   const MarkovModel target = random_model(1, sampled()), draft = random_model(2, sampled());
   std::vector<int64_t> first(kVocab, 0), pair(kVocab * kVocab, 0);
   for (int64_t t = 0; t < kTrials; ++t) {
-    const auto [a, b] = speculate_two(target, draft, 1000003 * static_cast<uint64_t>(t) + 17, shift);
+    const auto [a, b] = speculate_two(target, draft, 1000003 * static_cast<uint64_t>(t) + 17, verifier);
     ++first[a];
     ++pair[a * kVocab + b];
   }
@@ -126,10 +153,10 @@ Outcome run_trials(int shift) {
   }
   const Outcome o{chi_square(p_first, first, kTrials), chi_square(p_pair, pair, kTrials)};
   std::printf(
-      "verifier shifted by %d: first token chi2 %.1f (df %lld, critical %.1f), pair chi2 %.1f (df %lld, "
+      "verifier %d: first token chi2 %.1f (df %lld, critical %.1f), pair chi2 %.1f (df %lld, "
       "critical %.1f)\n",
-      shift, o.first.statistic, static_cast<long long>(o.first.df), critical_value(o.first.df), o.pair.statistic,
-      static_cast<long long>(o.pair.df), critical_value(o.pair.df));
+      static_cast<int>(verifier), o.first.statistic, static_cast<long long>(o.first.df), critical_value(o.first.df),
+      o.pair.statistic, static_cast<long long>(o.pair.df), critical_value(o.pair.df));
   return o;
 }
 
@@ -143,14 +170,21 @@ TEST(VerifierDistribution, ToyModelsDifferEnoughToMatter) {
 }
 
 TEST(VerifierDistribution, SpeculativeSamplesFollowTheTarget) {
-  const Outcome o = run_trials(0);
+  const Outcome o = run_trials(Verifier::Exact);
   EXPECT_LT(o.first.statistic, critical_value(o.first.df)) << "df " << o.first.df;
   EXPECT_LT(o.pair.statistic, critical_value(o.pair.df)) << "df " << o.pair.df;
   EXPECT_GE(o.pair.df, 20);
 }
 
 TEST(VerifierDistribution, AnOffByOneVerifierFailsTheTest) {
-  const Outcome o = run_trials(1);
+  const Outcome o = run_trials(Verifier::OffByOne);
+  EXPECT_GT(o.first.statistic, critical_value(o.first.df)) << "df " << o.first.df;
+  EXPECT_GT(o.pair.statistic, critical_value(o.pair.df)) << "df " << o.pair.df;
+}
+
+TEST(VerifierDistribution, ResamplingFromTheTargetAtARejectionFailsTheTest) {
+  const Outcome o = run_trials(Verifier::ResampleFromTarget);
+  EXPECT_TRUE(std::isfinite(o.pair.statistic));  // every token it emits is one the target allows
   EXPECT_GT(o.first.statistic, critical_value(o.first.df)) << "df " << o.first.df;
   EXPECT_GT(o.pair.statistic, critical_value(o.pair.df)) << "df " << o.pair.df;
 }
