@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -151,6 +152,27 @@ TEST(Verifier, SameSeedSameTokensAndRowsOfABatchAreIndependent) {
       for (int32_t i = 0; i <= acc1; ++i) ASSERT_EQ(out[r * (K + 1) + i], out1[i]);
     }
   }
+}
+
+TEST(Verifier, ABatchMixesGreedySampledAndNonSpeculatingRows) {
+  // Row 0 greedy with 2 drafts (no draft probabilities read), row 1 sampled without drafts (plain
+  // sampling), row 2 sampled with 2 drafts the target agrees with at least as much (all accepted).
+  const int64_t V = 3, K = 2;
+  std::vector<float> p = {0,    1,    0, 1,    0,    0, 0,    0,    1,   // greedy: argmax 1, 0, 2
+                          0,    0,    1, 0.5f, 0.5f, 0, 0.5f, 0.5f, 0,   // only its first row is read
+                          0.2f, 0.8f, 0, 0.9f, 0.1f, 0, 0,    0,    1};  // bonus row: token 2 for sure
+  std::vector<float> q(3 * K * V, 0.0f);  // row 2 drafted 1 then 0 from q = p there (always accepted)
+  std::copy_n(p.begin() + 2 * (K + 1) * V, K * V, q.begin() + 2 * K * V);
+  std::vector<int32_t> drafts = {1, 2, 0, 0, 1, 0}, num = {2, 0, 2}, out(3 * (K + 1), -1), acc(3, -1);
+  std::vector<uint8_t> greedy = {1, 0, 0};
+  std::vector<uint64_t> seeds = {1, 2, 3}, positions = {0, 0, 0};
+  verify({p.data(), q.data(), drafts.data(), num.data(), greedy.data(), seeds.data(), positions.data(), 3, K, V,
+          out.data(), acc.data()});
+  EXPECT_EQ(acc, (std::vector<int32_t>{1, 0, 2}));
+  EXPECT_EQ(out[0], 1);  // accepted
+  EXPECT_EQ(out[1], 0);  // the argmax where draft 2 disagreed
+  EXPECT_EQ(out[3], 2);  // row 1: the only token its distribution allows
+  EXPECT_EQ((std::vector<int32_t>{out[6], out[7], out[8]}), (std::vector<int32_t>{1, 0, 2}));
 }
 
 TEST(Verifier, BadInputIsRefusedWithTheFaultNamed) {
