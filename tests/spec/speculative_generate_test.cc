@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <fstream>
 
 #include "core/error.h"
@@ -97,6 +98,9 @@ TEST(SpeculativeGenerate, GreedyWithTheDraftModelIsTheTargetsGreedyOutputForEver
       DraftModelDrafter drafter(*m.draft, 256);
       const SpecGenerateResult r = speculative_generate(*m.target, drafter, prompt, greedy_options(k));
       EXPECT_EQ(r.tokens, plain) << "K " << k << ", prompt of " << prompt.size();
+      std::printf("K %lld, prompt of %zu: %lld verify steps for %lld tokens, mean accepted length %.2f\n",
+                  static_cast<long long>(k), prompt.size(), static_cast<long long>(r.stats.steps),
+                  static_cast<long long>(kNewTokens), r.stats.mean_accepted_length());
       EXPECT_LE(r.stats.accepted, r.stats.drafted);
       EXPECT_LT(r.stats.steps, kNewTokens - 1);  // the draft model predicts kiln-tiny often enough to save steps
       for (int64_t i = 1; i < k; ++i) EXPECT_LE(r.stats.accepted_at[i], r.stats.accepted_at[i - 1]);
@@ -110,7 +114,7 @@ TEST(SpeculativeGenerate, AllAcceptedAndAllRejectedDraftsLeaveTheOutputUnchanged
   const std::vector<int32_t> plain = plain_greedy(*m.target, prompt, kNewTokens);
   std::vector<int32_t> script = prompt;
   script.insert(script.end(), plain.begin(), plain.end());
-  for (int64_t k = 1; k <= 4; ++k) {
+  for (int64_t k : {1, 4}) {
     ScriptedDrafter oracle(script, false, m.target->config().vocab_size);
     const SpecGenerateResult right = speculative_generate(*m.target, oracle, prompt, greedy_options(k));
     EXPECT_EQ(right.tokens, plain) << "K " << k;
