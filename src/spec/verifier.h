@@ -12,7 +12,9 @@
 //   uniform plain sampling uses there (with k = 0 speculation is plain sampling);
 //   the acceptance test of the draft at position n uses (seed, n | kAcceptStream);
 //   a drafter sampling its proposal for position n uses (seed, n | kDraftStream).
-// Each uniform is consumed at most once over a request's life, which keeps the draws independent.
+// The acceptance and final-draw uniforms are each consumed at most once over a request's life. A
+// drafter may redraw position n with the same uniform after a rejection discarded its earlier
+// proposal there unverified; nothing emitted depended on that proposal, so the draws stay independent.
 #pragma once
 
 #include <cstdint>
