@@ -30,14 +30,19 @@ serve() {
   .gpu/kiln serve --model "$MODEL" --load-format dummy --port 8011 "$@" > "$OUT/serve_$tag.log" 2>&1 &
   server=$!
   for _ in $(seq 1 600); do
-    curl -sf http://127.0.0.1:8011/v1/models > /dev/null && return 0
+    env -u LD_LIBRARY_PATH curl -sf http://127.0.0.1:8011/v1/models > /dev/null && return 0
     kill -0 $server 2> /dev/null || break
     sleep 0.5
   done
   echo "kiln serve did not come up:"; tail -20 "$OUT/serve_$tag.log"; status=1; return 1
 }
+# The report without its per-request records (what comes back from the device tool is size-limited).
+summarize() {
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); j.pop('requests', None); json.dump(j, open(sys.argv[2], 'w'), indent=1)" \
+    "$OUT/$1.json" "$OUT/$1_summary.json" && rm -f "$OUT/$1.json"
+}
 stop() {
-  curl -s http://127.0.0.1:8011/metrics > "$OUT/metrics_$tag.txt"
+  env -u LD_LIBRARY_PATH curl -s http://127.0.0.1:8011/metrics > "$OUT/metrics_$tag.txt"
   kill -TERM $server; wait $server
   grep -E "captured|KV cache|kernel plan|engine" "$OUT/serve_$tag.log" | head -20
 }
@@ -68,6 +73,7 @@ print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))"
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
           --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200 Moonlight-16B-A3B shape" \
           --out "$OUT/serve_sweep.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_sweep.log" || status=1
+        summarize serve_sweep
         stop
       fi
       ;;
@@ -78,6 +84,7 @@ print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))"
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
           --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200, serial loop" \
           --out "$OUT/serve_serial.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_serial.log" || status=1
+        summarize serve_serial
         stop
       fi
       ;;
@@ -88,9 +95,11 @@ print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))"
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --workload long-prefill \
           --input-len 131072 --concurrency 1 --num-prompts 1 --request-timeout 600 --gpus 1 \
           --out "$OUT/serve_long.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_long.log" || status=1
+        summarize serve_long
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --workload long-prefill \
           --input-len 8192 --concurrency 1 --num-prompts 3 --gpus 1 \
           --out "$OUT/serve_8k.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_8k.log" || status=1
+        summarize serve_8k
         stop
       fi
       ;;
