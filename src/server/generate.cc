@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "server/job.h"
+#include "server/prompt_budget.h"
 
 namespace kiln::server {
 namespace {
@@ -100,6 +101,19 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
   const bool tools = p.tools.is_array() && cfg_.tool_format != ToolFormat::None;
   const std::shared_ptr<const ToolCallGrammar> grammar = p.chat ? tool_grammar(p) : nullptr;
   bool in_reasoning = false;
+  const int64_t limit = engine_.max_model_len();
+  const char* prompt_param = p.chat ? "messages" : "prompt";
+  const PromptBudget budget{limit, max_token_bytes_};
+  // Refused before any template or tokenizer work when the bytes alone cannot fit the context.
+  auto check_bytes = [&](size_t bytes) {
+    if (!budget.fits(bytes))
+      throw ApiError(400,
+                     fmt::format("the prompt is {} bytes, more than this model's context limit of {} tokens can hold",
+                                 bytes, limit),
+                     prompt_param, "", "context_length_exceeded");
+  };
+  // One id past the limit is enough to refuse the prompt, so tokenizing stops there.
+  const auto max_ids = static_cast<size_t>(limit);
   // Tokenize first: template and tokenizer errors are the client's, before anything is queued.
   if (p.chat) {
     if (!template_) throw ApiError(400, "this model has no chat template; use /v1/completions", "messages");
@@ -109,6 +123,7 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
     cr.add_generation_prompt = p.add_generation_prompt;
     cr.continue_final_message = p.continue_final_message;
     cr.kwargs = p.chat_template_kwargs;
+    check_bytes(rendered_content_bytes(cr.messages));
     std::string text;
     try {
       text = template_->render(cr);
@@ -129,12 +144,14 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
     }
     const auto end = text.find_last_not_of(" \t\r\n");
     in_reasoning = end != std::string::npos && end >= 6 && text.compare(end - 6, 7, "<think>") == 0;
-    auto ids = tok_.encode(text, /*add_special_tokens=*/false);
+    check_bytes(text.size());
+    auto ids = tok_.encode(text, /*add_special_tokens=*/false, /*split_special_tokens=*/false, max_ids);
     job->prompts.emplace_back(ids.begin(), ids.end());
     job->prompt_texts.push_back(std::move(text));
   } else {
+    for (const auto& t : p.prompt_texts) check_bytes(t.size());
     for (const auto& t : p.prompt_texts) {
-      auto ids = tok_.encode(t, /*add_special_tokens=*/true);
+      auto ids = tok_.encode(t, /*add_special_tokens=*/true, /*split_special_tokens=*/false, max_ids);
       job->prompts.emplace_back(ids.begin(), ids.end());
       job->prompt_texts.push_back(t);
     }
@@ -143,13 +160,13 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
       job->prompt_texts.push_back(p.echo ? tok_.decode(std::vector<uint32_t>(ids.begin(), ids.end())) : "");
     }
   }
-  const int64_t limit = engine_.max_model_len();
-  const char* prompt_param = p.chat ? "messages" : "prompt";
   for (const auto& ids : job->prompts) {
     const auto n = static_cast<int64_t>(ids.size());
     if (n == 0) throw ApiError(400, "the prompt is empty", prompt_param);
     if (n >= limit)
-      throw ApiError(400, fmt::format("the prompt has {} tokens; this model's context limit is {}", n, limit),
+      throw ApiError(400,
+                     fmt::format("the prompt has {}{} tokens; this model's context limit is {}",
+                                 n > limit ? "more than " : "", std::min(n, limit), limit),
                      prompt_param, "", "context_length_exceeded");
     if (p.sampling.max_tokens > 0 && n + p.sampling.max_tokens > limit)
       throw ApiError(400,

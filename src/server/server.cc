@@ -97,6 +97,7 @@ Server::Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<to
       cfg_(std::move(cfg)),
       http_(std::make_unique<httplib::Server>()) {
   if (cfg_.limits.vocab_size <= 0) cfg_.limits.vocab_size = static_cast<int64_t>(tok_.vocab_size());
+  max_token_bytes_ = tok_.max_token_bytes();
   const int threads = std::max(cfg_.threads, 2);
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(cfg_.max_body_bytes);

@@ -93,6 +93,7 @@ class Server {
   std::optional<tok::ChatTemplate> template_;
   ServerConfig cfg_;
   Metrics metrics_;
+  size_t max_token_bytes_ = 1;  // the tokenizer's longest token, for judging prompts by their bytes
   std::unique_ptr<httplib::Server> http_;
   int port_ = 0;
   int listen_fd_ = -1;  // the listening socket, to widen its backlog
