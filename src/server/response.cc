@@ -92,8 +92,10 @@ json echo_logprobs(const TokenText& t, const std::vector<int32_t>& prompt, const
   return out.to_json();
 }
 
+// A request cut short (the shutdown deadline cancelled it) reports "length": the output ended before
+// its own end, and OpenAI clients know no "abort".
 const char* finish_name(const std::optional<FinishReason>& f, int tool_calls) {
-  if (!f) return "abort";
+  if (!f || *f == FinishReason::Abort) return "length";
   if (*f == FinishReason::Stop && tool_calls > 0) return "tool_calls";
   return finish_reason_name(*f);
 }
