@@ -1,7 +1,5 @@
 // POST /v1/chat/completions and /v1/completions: validate, tokenize (and build tool-call
 // constraints), submit one engine request per (prompt, choice); response.cc answers.
-#include <httplib.h>
-
 #include <fmt/format.h>
 
 #include <random>
@@ -220,24 +218,20 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
   return job;
 }
 
-void Server::handle_generate(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-                             bool chat) {
+void Server::handle_generate(const http::Request& req, http::Response& res, bool chat) {
   const auto fail = [&](const ApiError& e) {
+    res = http::Response{};
     res.status = e.status;
+    if (e.status == 503 || e.status == 429) res.set_header("Retry-After", "1");
     res.set_content(dump(error_body(e)) + "\n", "application/json");
   };
   try {
-    // Read first, whatever the answer: an unread body would be taken for the connection's next
-    // request. A client without the key hears 401 before anything about its body.
-    std::string text;
-    try {
-      text = read_body(req, res, reader);
-    } catch (const ApiError&) {
-      if (!authorized(req, res)) return;
-      throw;
-    }
-    if (!authorized(req, res)) return;
-    const json body = parse_json_body(text);
+    // The key was checked from the head (Server::screen), before the body was read.
+    const std::string& ct = req.header("Content-Type");
+    if (ct.find("application/json") == std::string::npos || ct.find("multipart/form-data") != std::string::npos)
+      throw ApiError(415, fmt::format("Content-Type must be application/json, got '{}'", ct), "", "",
+                     "unsupported_media_type");
+    const json body = parse_json_body(req.body);
     const ParsedRequest p = chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);
     auto job = start_job(p);
     if (p.stream)

@@ -330,6 +330,9 @@ async function load() {
     completed++;
   }));
   assert.equal(completed + refused, count);
+  // Refusing everything is not serving: under the cap the streams must complete.
+  const minCompleted = Number(args["min-completed"] ?? 0);
+  assert.ok(completed >= minCompleted, `${completed} of ${count} streams completed, fewer than ${minCompleted}`);
   ok(`${count} concurrent streams: ${completed} completed, ${refused} refused`);
 }
 
