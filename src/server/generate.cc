@@ -70,6 +70,13 @@ std::shared_ptr<const ToolCallGrammar> Server::tool_grammar(const ParsedRequest&
   return std::make_shared<ToolCallGrammar>(vocab_, style, tools, end_ids());
 }
 
+// response_format json_object / json_schema: one JSON object (under the schema), then the end.
+std::shared_ptr<const ToolCallGrammar> Server::json_grammar(const ParsedRequest& p) {
+  vocab();
+  ToolSpec spec{"", p.response_format == "json_schema" ? p.response_schema : nlohmann::json(nullptr)};
+  return std::make_shared<ToolCallGrammar>(vocab_, ToolCallStyle::PlainJson, std::vector<ToolSpec>{spec}, end_ids());
+}
+
 std::vector<int32_t> Server::end_ids() const {
   std::vector<int32_t> ends = engine_.eos_ids();
   if (auto e = tok_.eos_id()) ends.push_back(static_cast<int32_t>(*e));
@@ -97,7 +104,8 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
   job->id = random_id(p.chat ? "chatcmpl-" : "cmpl-");
   job->created = static_cast<int64_t>(std::time(nullptr));
   const bool tools = p.tools.is_array() && cfg_.tool_format != ToolFormat::None;
-  const std::shared_ptr<const ToolCallGrammar> grammar = p.chat ? tool_grammar(p) : nullptr;
+  const std::shared_ptr<const ToolCallGrammar> grammar =
+      p.response_format != "text" ? json_grammar(p) : (p.chat ? tool_grammar(p) : nullptr);
   bool in_reasoning = false;
   const int64_t limit = engine_.max_model_len();
   const char* prompt_param = p.chat ? "messages" : "prompt";
@@ -206,8 +214,9 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
       try {
         RequestStream s = engine_.submit(std::move(r));
         const uint64_t id = s.id();
-        job->choices.emplace_back(std::move(s), OutputParser(tools ? cfg_.tool_format : ToolFormat::None,
-                                                             cfg_.reasoning && p.chat, in_reasoning));
+        job->choices.emplace_back(std::move(s),
+                                  OutputParser(tools ? cfg_.tool_format : ToolFormat::None,
+                                               cfg_.reasoning && p.chat && p.response_format == "text", in_reasoning));
         job->choices.back().engine_id = id;
         job->choices.back().prompt = i;
       } catch (const Error& e) {

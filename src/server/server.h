@@ -82,6 +82,8 @@ class Server : public http::Handler {
   void job_finished();
   // tool_choice "required" / a named function: the grammar its choices must follow (null: none).
   std::shared_ptr<const ToolCallGrammar> tool_grammar(const ParsedRequest& p);
+  // response_format json_object / json_schema: the grammar of one JSON object.
+  std::shared_ptr<const ToolCallGrammar> json_grammar(const ParsedRequest& p);
   // Every token's bytes (built on first use) and the ids that end generation, its units.
   const TokenVocab& vocab();
   std::vector<int32_t> end_ids() const;
