@@ -71,7 +71,11 @@ TEST(FrontEndE2E, HugeRequestLinesKeepMemoryFlat) {
     });
   for (auto& t : senders) t.join();
   EXPECT_EQ(refused.load(), 10);
+#ifndef __SANITIZE_ADDRESS__  // ASan's quarantine keeps freed buffers resident: no bound there
   EXPECT_LT(proc_status(s.pid(), "VmHWM") - peak0, 100L * 1024) << "peak RSS grew by 100 MB or more";
+#else
+  (void)peak0;
+#endif
   EXPECT_EQ(http_status(s.port(), "/health"), 200);
 }
 

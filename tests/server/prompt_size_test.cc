@@ -104,7 +104,11 @@ TEST(PromptSize, OversizedPromptsRefusedBeforeTokenizing) {
     EXPECT_NE(r.find("context_length_exceeded"), std::string::npos) << r.substr(0, 600);
     EXPECT_NE(r.find("bytes, more than"), std::string::npos) << r.substr(0, 600);
   }
+#ifndef __SANITIZE_ADDRESS__  // ASan's quarantine and redzones keep freed bodies resident: no bound there
   EXPECT_LT(peak_rss_kib(s.pid()) - before, 600L * 1024) << "peak RSS grew past 600 MB";
+#else
+  (void)before;
+#endif
   EXPECT_EQ(http_status(s.port(), "/health"), 200);
 }
 
