@@ -12,7 +12,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libpcre2-dev libutf8proc-dev                         # tokenizer regex + unicode normalisation
   libopenblas-dev libomp-dev                           # CPU reference speed
-  libcpp-httplib-dev libssl-dev zlib1g-dev             # HTTP server and client
+  libboost-dev libssl-dev zlib1g-dev                   # HTTP server (Boost.Asio + Beast, header-only)
   libcurl4-openssl-dev                                 # kiln bench serve: HTTP client (multi-socket API)
   curl                                                 # scripts/serve-demo.sh (the README demo)
   openmpi-bin                                          # mpirun: the multi-process launch tests (tests/dist)

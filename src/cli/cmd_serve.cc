@@ -181,7 +181,7 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
                "read each step's tokens before scheduling the next (default: the next step is queued first)");
   sub.add_option("--max-pending-requests", c.max_pending_requests, "requests in flight; more get 503")
       ->capture_default_str();
-  sub.add_option("--http-threads", c.threads, "HTTP worker threads (one per open stream)")->capture_default_str();
+  sub.add_option("--http-threads", c.threads, "HTTP I/O threads, shared by every connection")->capture_default_str();
   sub.add_option("--max-body-bytes", c.max_body_bytes, "largest request body; larger get 413")->capture_default_str();
   sub.add_option("--shutdown-timeout", c.shutdown_timeout_s, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str();

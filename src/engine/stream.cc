@@ -30,13 +30,26 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 void StreamState::push(OutputChunk c) {
+  std::function<void()> wake;
   {
     std::lock_guard lock(mu);
     if (finished) return;
     finished = c.finish.has_value();
     chunks.push_back(std::move(c));
+    wake = listener;
   }
   cv.notify_all();
+  if (wake) wake();
+}
+
+void RequestStream::on_output(std::function<void()> fn) {
+  bool waiting = false;
+  {
+    std::lock_guard lock(s_->mu);
+    s_->listener = fn;
+    waiting = !s_->chunks.empty();
+  }
+  if (waiting && fn) fn();
 }
 
 RequestStream& RequestStream::operator=(RequestStream&& o) noexcept {

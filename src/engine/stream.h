@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +26,7 @@ struct StreamState {
 
   std::mutex mu;
   std::condition_variable cv;
+  std::function<void()> listener;  // called after each push (RequestStream::on_output)
   std::deque<OutputChunk> chunks;
   bool finished = false;  // the final chunk was queued
   bool drained = false;   // the final chunk was taken
@@ -51,6 +53,10 @@ class RequestStream {
   // already finished).
   void cancel();
   bool done() const;  // the final chunk was returned
+  // Calls `fn` whenever output arrives (on the engine thread, or here when some is already
+  // waiting), so that an event-driven consumer pulls with next_for(0) instead of waiting. `fn` must
+  // be cheap and must not call back into this stream.
+  void on_output(std::function<void()> fn);
 
  private:
   std::optional<OutputChunk> take(std::unique_lock<std::mutex>& lock);

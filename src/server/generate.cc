@@ -1,7 +1,5 @@
 // POST /v1/chat/completions and /v1/completions: validate, tokenize (and build tool-call
 // constraints), submit one engine request per (prompt, choice); response.cc answers.
-#include <httplib.h>
-
 #include <fmt/format.h>
 
 #include <random>
@@ -9,6 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "server/job.h"
+#include "server/prompt_budget.h"
 
 namespace kiln::server {
 namespace {
@@ -71,6 +70,13 @@ std::shared_ptr<const ToolCallGrammar> Server::tool_grammar(const ParsedRequest&
   return std::make_shared<ToolCallGrammar>(vocab_, style, tools, end_ids());
 }
 
+// response_format json_object / json_schema: one JSON object (under the schema), then the end.
+std::shared_ptr<const ToolCallGrammar> Server::json_grammar(const ParsedRequest& p) {
+  vocab();
+  ToolSpec spec{"", p.response_format == "json_schema" ? p.response_schema : nlohmann::json(nullptr)};
+  return std::make_shared<ToolCallGrammar>(vocab_, ToolCallStyle::PlainJson, std::vector<ToolSpec>{spec}, end_ids());
+}
+
 std::vector<int32_t> Server::end_ids() const {
   std::vector<int32_t> ends = engine_.eos_ids();
   if (auto e = tok_.eos_id()) ends.push_back(static_cast<int32_t>(*e));
@@ -98,8 +104,22 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
   job->id = random_id(p.chat ? "chatcmpl-" : "cmpl-");
   job->created = static_cast<int64_t>(std::time(nullptr));
   const bool tools = p.tools.is_array() && cfg_.tool_format != ToolFormat::None;
-  const std::shared_ptr<const ToolCallGrammar> grammar = p.chat ? tool_grammar(p) : nullptr;
+  const std::shared_ptr<const ToolCallGrammar> grammar =
+      p.response_format != "text" ? json_grammar(p) : (p.chat ? tool_grammar(p) : nullptr);
   bool in_reasoning = false;
+  const int64_t limit = engine_.max_model_len();
+  const char* prompt_param = p.chat ? "messages" : "prompt";
+  const PromptBudget budget{limit, max_token_bytes_};
+  // Refused before any template or tokenizer work when the bytes alone cannot fit the context.
+  auto check_bytes = [&](size_t bytes) {
+    if (!budget.fits(bytes))
+      throw ApiError(400,
+                     fmt::format("the prompt is {} bytes, more than this model's context limit of {} tokens can hold",
+                                 bytes, limit),
+                     prompt_param, "", "context_length_exceeded");
+  };
+  // One id past the limit is enough to refuse the prompt, so tokenizing stops there.
+  const auto max_ids = static_cast<size_t>(limit);
   // Tokenize first: template and tokenizer errors are the client's, before anything is queued.
   if (p.chat) {
     if (!template_) throw ApiError(400, "this model has no chat template; use /v1/completions", "messages");
@@ -109,6 +129,7 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
     cr.add_generation_prompt = p.add_generation_prompt;
     cr.continue_final_message = p.continue_final_message;
     cr.kwargs = p.chat_template_kwargs;
+    check_bytes(rendered_content_bytes(cr.messages));
     std::string text;
     try {
       text = template_->render(cr);
@@ -129,12 +150,14 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
     }
     const auto end = text.find_last_not_of(" \t\r\n");
     in_reasoning = end != std::string::npos && end >= 6 && text.compare(end - 6, 7, "<think>") == 0;
-    auto ids = tok_.encode(text, /*add_special_tokens=*/false);
+    check_bytes(text.size());
+    auto ids = tok_.encode(text, /*add_special_tokens=*/false, /*split_special_tokens=*/false, max_ids);
     job->prompts.emplace_back(ids.begin(), ids.end());
     job->prompt_texts.push_back(std::move(text));
   } else {
+    for (const auto& t : p.prompt_texts) check_bytes(t.size());
     for (const auto& t : p.prompt_texts) {
-      auto ids = tok_.encode(t, /*add_special_tokens=*/true);
+      auto ids = tok_.encode(t, /*add_special_tokens=*/true, /*split_special_tokens=*/false, max_ids);
       job->prompts.emplace_back(ids.begin(), ids.end());
       job->prompt_texts.push_back(t);
     }
@@ -143,13 +166,13 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
       job->prompt_texts.push_back(p.echo ? tok_.decode(std::vector<uint32_t>(ids.begin(), ids.end())) : "");
     }
   }
-  const int64_t limit = engine_.max_model_len();
-  const char* prompt_param = p.chat ? "messages" : "prompt";
   for (const auto& ids : job->prompts) {
     const auto n = static_cast<int64_t>(ids.size());
     if (n == 0) throw ApiError(400, "the prompt is empty", prompt_param);
     if (n >= limit)
-      throw ApiError(400, fmt::format("the prompt has {} tokens; this model's context limit is {}", n, limit),
+      throw ApiError(400,
+                     fmt::format("the prompt has {}{} tokens; this model's context limit is {}",
+                                 n > limit ? "more than " : "", std::min(n, limit), limit),
                      prompt_param, "", "context_length_exceeded");
     if (p.sampling.max_tokens > 0 && n + p.sampling.max_tokens > limit)
       throw ApiError(400,
@@ -191,8 +214,9 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
       try {
         RequestStream s = engine_.submit(std::move(r));
         const uint64_t id = s.id();
-        job->choices.emplace_back(std::move(s), OutputParser(tools ? cfg_.tool_format : ToolFormat::None,
-                                                             cfg_.reasoning && p.chat, in_reasoning));
+        job->choices.emplace_back(std::move(s),
+                                  OutputParser(tools ? cfg_.tool_format : ToolFormat::None,
+                                               cfg_.reasoning && p.chat && p.response_format == "text", in_reasoning));
         job->choices.back().engine_id = id;
         job->choices.back().prompt = i;
       } catch (const Error& e) {
@@ -203,24 +227,20 @@ std::shared_ptr<Server::Job> Server::start_job(const ParsedRequest& p) {
   return job;
 }
 
-void Server::handle_generate(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-                             bool chat) {
+void Server::handle_generate(const http::Request& req, http::Response& res, bool chat) {
   const auto fail = [&](const ApiError& e) {
+    res = http::Response{};
     res.status = e.status;
+    if (e.status == 503 || e.status == 429) res.set_header("Retry-After", "1");
     res.set_content(dump(error_body(e)) + "\n", "application/json");
   };
   try {
-    // Read first, whatever the answer: an unread body would be taken for the connection's next
-    // request. A client without the key hears 401 before anything about its body.
-    std::string text;
-    try {
-      text = read_body(req, res, reader);
-    } catch (const ApiError&) {
-      if (!authorized(req, res)) return;
-      throw;
-    }
-    if (!authorized(req, res)) return;
-    const json body = parse_json_body(text);
+    // The key was checked from the head (Server::screen), before the body was read.
+    const std::string& ct = req.header("Content-Type");
+    if (ct.find("application/json") == std::string::npos || ct.find("multipart/form-data") != std::string::npos)
+      throw ApiError(415, fmt::format("Content-Type must be application/json, got '{}'", ct), "", "",
+                     "unsupported_media_type");
+    const json body = parse_json_body(req.body);
     const ParsedRequest p = chat ? parse_chat_request(body, cfg_.limits) : parse_completion_request(body, cfg_.limits);
     auto job = start_job(p);
     if (p.stream)

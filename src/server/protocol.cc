@@ -130,7 +130,17 @@ void parse_common(const json& b, const ProtocolLimits& lim, ParsedRequest& r) {
     const json& rf = b["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
       bad("response_format", "'response_format' must be an object with a 'type'");
-    if (rf["type"] != "text") bad("response_format", "only response_format type 'text' is supported");
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_schema") {
+      // OpenAI's shape: {"type":"json_schema","json_schema":{"name":...,"schema":{...},"strict":...}}.
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema") ||
+          !rf["json_schema"]["schema"].is_object())
+        bad("response_format", "response_format 'json_schema' needs 'json_schema.schema', an object");
+      r.response_schema = rf["json_schema"]["schema"];
+    } else if (type != "text" && type != "json_object") {
+      bad("response_format", "response_format 'type' must be text, json_object or json_schema");
+    }
+    r.response_format = type;
   }
 }
 
@@ -249,6 +259,8 @@ ParsedRequest parse_chat_request(const json& b, const ProtocolLimits& lim) {
   parse_common(b, lim, r);
   parse_messages(b, r);
   parse_tools(b, r);
+  if (r.response_format != "text" && (r.tool_choice == "required" || r.tool_choice == "function"))
+    bad("response_format", "a JSON response_format and a forced tool call cannot both constrain the output");
   r.logprobs = get_bool(b, "logprobs", false);
   r.top_logprobs = get_int(b, "top_logprobs", 0, lim.max_logprobs, 0);
   if (present(b, "top_logprobs") && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");

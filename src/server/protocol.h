@@ -42,6 +42,11 @@ struct ParsedRequest {
   std::vector<std::vector<int32_t>> prompt_ids;
   bool echo = false;
 
+  // response_format: "text", or "json_object" / "json_schema" (constrained decoding: the output is
+  // one JSON object, following `response_schema` for json_schema).
+  std::string response_format = "text";
+  nlohmann::json response_schema;
+
   SamplingParams sampling;  // max_tokens -1 when the client gave none
   int64_t n = 1;
   bool stream = false, include_usage = false;

@@ -1,7 +1,5 @@
 // Answering a generation request: the OpenAI response bodies, as one JSON document or as
 // server-sent events.
-#include <httplib.h>
-
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -92,8 +90,10 @@ json echo_logprobs(const TokenText& t, const std::vector<int32_t>& prompt, const
   return out.to_json();
 }
 
+// A request cut short (the shutdown deadline cancelled it) reports "length": the output ended before
+// its own end, and OpenAI clients know no "abort".
 const char* finish_name(const std::optional<FinishReason>& f, int tool_calls) {
-  if (!f) return "abort";
+  if (!f || *f == FinishReason::Abort) return "length";
   if (*f == FinishReason::Stop && tool_calls > 0) return "tool_calls";
   return finish_reason_name(*f);
 }
@@ -156,52 +156,54 @@ json Server::json_body(Job& job) {
           {"choices", choices},     {"usage", job.usage()}};
 }
 
-// The body goes out as a chunked response from the start, so that the handler learns of a client
-// that went away while the engine works: httplib 0.11 gives no other signal for a plain
-// response. While waiting it writes a space now and then (JSON allows leading whitespace); the
-// write after a client closes fails, and the job is cancelled, freeing its KV blocks. The status
-// line (200) is committed with the first byte, so a failure found later (the engine aborted the
-// request) can only be told in the body: an OpenAI error object, with 500 in the metrics.
-void Server::respond_json(const std::shared_ptr<Job>& job, httplib::Response& res) {
+// The body goes out as a chunked response from the start, so that a client that went away while
+// the engine works is noticed: while waiting it writes a space now and then (JSON allows leading
+// whitespace); the write after a client closes fails, and dropping the answer cancels the job,
+// freeing its KV blocks. The status line (200) is committed with the first byte, so a failure found
+// later (the engine aborted the request) can only be told in the body: an OpenAI error object,
+// with 500 in the metrics. The provider is pulled when the job's streams have output
+// (subscribe) and once a second, never waiting.
+void Server::respond_json(const std::shared_ptr<Job>& job, http::Response& res) {
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
+  res.content_type = "application/json; charset=utf-8";
   auto last_write = std::make_shared<Clock::time_point>(Clock::now());
-  httplib::Response* resp = &res;  // the provider is owned by `res`, so it never outlives it
-  // With a charset the type is not one httplib compresses: a compressor would hold the spaces back,
-  // and the writes that notice a departed client would never reach the socket.
-  res.set_chunked_content_provider(
-      "application/json; charset=utf-8", [this, job, last_write, resp](size_t, httplib::DataSink& sink) {
-        bool all_done = true;
-        for (auto& c : job->choices) {
-          if (c.done) continue;
-          auto chunk = c.stream.next_for(std::chrono::milliseconds(job->choices.size() == 1 ? 200 : 20));
-          if (chunk) {
-            if (!chunk->token_ids.empty()) job->saw_tokens();
-            c.all.merge(std::move(*chunk));
-          }
-          c.done = c.stream.done();
-          all_done = all_done && c.done;
-        }
-        if (all_done) {
-          const json body = json_body(*job);
-          if (body.contains("error")) resp->status = 500;  // for the metrics: the client already has 200
-          const std::string s = dump(body) + "\n";
-          if (!sink.write(s.data(), s.size())) return false;
-          sink.done();
-          return true;
-        }
-        if (Clock::now() - *last_write > std::chrono::milliseconds(500)) {
-          *last_write = Clock::now();
-          if (!sink.write(" ", 1)) {
-            cancel_job(*job);
-            return false;
-          }
-        }
-        return true;
-      });
+  http::Response* resp = &res;  // the provider is owned by `res`, so it never outlives it
+  res.subscribe = [job](http::Wake wake) {
+    for (auto& c : job->choices) c.stream.on_output(wake);
+  };
+  res.provider = [this, job, last_write, resp](http::DataSink& sink) {
+    bool all_done = true;
+    for (auto& c : job->choices) {
+      if (c.done) continue;
+      auto chunk = c.stream.next_for(std::chrono::milliseconds(0));
+      if (chunk) {
+        if (!chunk->token_ids.empty()) job->saw_tokens();
+        c.all.merge(std::move(*chunk));
+      }
+      c.done = c.stream.done();
+      all_done = all_done && c.done;
+    }
+    if (all_done) {
+      const json body = json_body(*job);
+      if (body.contains("error")) resp->status = 500;  // for the metrics: the client already has 200
+      const std::string s = dump(body) + "\n";
+      if (!sink.write(s.data(), s.size())) return false;
+      sink.done();
+      return true;
+    }
+    if (Clock::now() - *last_write > std::chrono::milliseconds(500)) {
+      *last_write = Clock::now();
+      if (!sink.write(" ", 1)) {
+        cancel_job(*job);
+        return false;
+      }
+    }
+    return true;
+  };
 }
 
-void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& res) {
+void Server::respond_stream(const std::shared_ptr<Job>& job, http::Response& res) {
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -211,7 +213,11 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& 
   };
   auto st = std::make_shared<State>();
   const size_t per_prompt = job->choices.size() / job->prompts.size();
-  res.set_chunked_content_provider("text/event-stream", [this, job, st, per_prompt](size_t, httplib::DataSink& sink) {
+  res.content_type = "text/event-stream";
+  res.subscribe = [job](http::Wake wake) {
+    for (auto& c : job->choices) c.stream.on_output(wake);
+  };
+  res.provider = [this, job, st, per_prompt](http::DataSink& sink) {
     auto event = [&](const json& j) {
       const std::string s = "data: " + dump(j) + "\n\n";
       st->last_write = Clock::now();
@@ -252,8 +258,8 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& 
       auto& c = job->choices[k];
       if (c.done) continue;
       all_done = false;
-      // Waits on one choice at a time; with n = 1 (the usual case) this is a plain blocking wait.
-      auto chunk = c.stream.next_for(std::chrono::milliseconds(job->choices.size() == 1 ? 200 : 20));
+      // Takes what is there: the connection pulls again when a stream signals output.
+      auto chunk = c.stream.next_for(std::chrono::milliseconds(0));
       if (!chunk) {
         if (c.stream.done()) c.done = true;
         continue;
@@ -342,7 +348,7 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, httplib::Response& 
       if (!sink.write(ping.data(), ping.size())) return false;
     }
     return true;
-  });
+  };
 }
 
 }  // namespace kiln::server

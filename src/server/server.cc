@@ -1,10 +1,8 @@
-// Routing, auth, error bodies, lifecycle. The generation endpoints live in generate.cc.
+// Routing, auth, error bodies, lifecycle. The generation endpoints live in generate.cc, the wire
+// in src/server/http.
 #include "server/server.h"
 
-#include <httplib.h>
-
 #include <fmt/format.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cctype>
@@ -12,19 +10,22 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/http/http_server.h"
 
 namespace kiln::server {
 namespace {
 
 using nlohmann::json;
 
-void send_json(httplib::Response& res, int status, const json& body) {
+void send_json(http::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(http::Response& res, const ApiError& e) {
   if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  // Overload and shutdown are passing: say when to come back (RFC 9110 10.2.3).
+  if (e.status == 503 || e.status == 429) res.set_header("Retry-After", "1");
   send_json(res, e.status, error_body(e));
 }
 
@@ -35,123 +36,74 @@ bool same_secret(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-// How far past the limit an over-limit body is still read, and dropped, so that the connection's
-// next request starts where it should: httplib 0.11 keeps a connection open whatever the handler
-// answers, so unread body bytes would be parsed as requests. Past this the client is abusive and
-// reading stops (what follows is then answered as malformed requests). Not covered, as httplib
-// 0.11 reads no such body for a handler: a chunked DELETE, a GET/HEAD/OPTIONS with a body, and a
-// multipart body its parser gives up on (no boundary, an oversized part header).
-constexpr size_t kDrainFactor = 8;
+const std::set<std::string>& known_paths() {
+  static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                              "/metrics"};
+  return known;
+}
 
-struct BodyRead {
-  std::string body;       // empty when over the limit
-  bool over = false;      // past the limit: read on and dropped
-  bool complete = false;  // read to its end
-};
+bool is_model_path(const std::string& path) {
+  return path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
+}
 
-// Reads a request's body through httplib's reader, whatever its framing: httplib 0.11 bounds only a
-// Content-Length body by set_payload_max_length, and buffered a chunked one whole.
-BodyRead drain_body(const httplib::Request& req, const httplib::ContentReader& reader, size_t limit) {
-  BodyRead r;
-  size_t seen = 0;
-  auto take = [&](const char* data, size_t n) {
-    seen += n;
-    if (!r.over && r.body.size() + n <= limit) {
-      r.body.append(data, n);
-      return true;
-    }
-    if (!r.over) std::string().swap(r.body);
-    r.over = true;
-    return seen <= kDrainFactor * limit;
-  };
-  // A multipart body goes through httplib's multipart reader only (the plain one would call an
-  // empty callback); the parts' contents are dropped the same way (boundaries and part headers are
-  // not counted against the cap).
-  r.complete = req.is_multipart_form_data() ? reader([](const httplib::MultipartFormData&) { return true; }, take)
-                                            : reader(take);
-  return r;
+bool is_generate(const http::Request& r) {
+  return r.method == "POST" && (r.path == "/v1/chat/completions" || r.path == "/v1/completions");
+}
+
+bool is_get_route(const http::Request& r) {
+  return r.method == "GET" &&
+         (r.path == "/health" || r.path == "/v1/models" || r.path == "/metrics" || is_model_path(r.path));
+}
+
+// An I/O thread per core is plenty for an event loop; more only take memory.
+int io_threads(int configured) {
+  return std::clamp(configured, 1, 16);
 }
 
 }  // namespace
 
-std::string Server::read_body(const httplib::Request& req, httplib::Response& res,
-                              const httplib::ContentReader& reader) const {
-  BodyRead r = drain_body(req, reader, cfg_.max_body_bytes);
-  // httplib answers a Content-Length past set_payload_max_length with 413 itself (and skips it).
-  if (r.over || res.status == 413)
-    throw ApiError(413,
-                   fmt::format("the request body is larger than the server's limit of {} bytes", cfg_.max_body_bytes));
-  if (!r.complete) throw ApiError(400, "the request body could not be read");
-  const std::string ct = req.get_header_value("Content-Type");
-  if (ct.find("application/json") == std::string::npos || req.is_multipart_form_data())
-    throw ApiError(415, fmt::format("Content-Type must be application/json, got '{}'", ct), "", "",
-                   "unsupported_media_type");
-  return std::move(r.body);
-}
-
 Server::Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<tok::ChatTemplate> chat_template,
                ServerConfig cfg)
-    : engine_(engine),
-      tok_(tokenizer),
-      template_(std::move(chat_template)),
-      cfg_(std::move(cfg)),
-      http_(std::make_unique<httplib::Server>()) {
+    : engine_(engine), tok_(tokenizer), template_(std::move(chat_template)), cfg_(std::move(cfg)) {
   if (cfg_.limits.vocab_size <= 0) cfg_.limits.vocab_size = static_cast<int64_t>(tok_.vocab_size());
-  const int threads = std::max(cfg_.threads, 2);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(cfg_.max_body_bytes);
-  // httplib uses this both for idle keep-alive connections and for how long a newly accepted
-  // connection may take to send its first request: under a burst of 1,000 connects clients take
-  // seconds to write them all, and a short value closes connections unanswered. It also bounds
-  // how long a graceful shutdown waits on idle connections. At 10 s, 1,000 concurrent streams on
-  // the 2-core development machine lost one request in about half the runs (ServeLoad: a request
-  // written, the connection then closed unanswered: 4 of 8 runs failed), at 30 s none of 8 did,
-  // the waves taking longer (their threads are held longer by idle connections). Not explained
-  // further: the thread-per-connection front end is what such bursts strain.
-  http_->set_keep_alive_timeout(30);
-  http_->set_read_timeout(30);
-  http_->set_write_timeout(30);
-  http_->set_tcp_nodelay(true);
-  // httplib listens with a backlog of 5: a burst of connections (1,000 clients at once) would
-  // overflow it and clients would see resets and SYN retries. Keep the listening socket to widen
-  // the backlog after bind.
-  http_->set_socket_options([this](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    listen_fd_ = sock;
-  });
-  routes();
+  max_token_bytes_ = tok_.max_token_bytes();
+  http::Limits limits;
+  limits.max_body_bytes = cfg_.max_body_bytes;
+  http_ = std::make_unique<http::HttpServer>(limits, *this, io_threads(cfg_.threads));
 }
 
-Server::~Server() = default;
+// The front end goes first: its connections hold jobs, whose end counts on this server's members.
+Server::~Server() {
+  http_.reset();
+}
 
 bool Server::bind() {
-  bool ok = false;
-  if (cfg_.port == 0) {
-    port_ = http_->bind_to_any_port(cfg_.host);
-    ok = port_ > 0;
-  } else {
-    port_ = cfg_.port;
-    ok = http_->bind_to_port(cfg_.host, cfg_.port);
-  }
-  // Linux lets listen() on a listening socket change its backlog (capped by net.core.somaxconn).
-  if (ok && listen_fd_ >= 0) ::listen(listen_fd_, 4096);
-  return ok;
+  return http_->bind(cfg_.host, cfg_.port);
+}
+
+int Server::port() const {
+  return http_->port();
 }
 
 void Server::run() {
-  http_->listen_after_bind();
+  http_->run();
 }
 
+// Connections still sending a request are closed at once; requests in flight may finish until
+// shortly before the deadline, then are cancelled (their answers end with finish_reason
+// "length") and given a moment to be written; then the loop stops, within --shutdown-timeout.
 void Server::shutdown() {
   draining_ = true;
+  http_->stop_accepting();
+  const auto total = std::chrono::duration<double>(cfg_.shutdown_timeout_s);
+  const auto grace = std::min(std::chrono::duration<double>(2.0), total / 4);
   std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg_.shutdown_timeout_s);
-  if (!idle_.wait_until(lock, deadline, [&] { return jobs_ == 0; })) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!idle_.wait_until(lock, start + (total - grace), [&] { return jobs_ == 0; })) {
     spdlog::warn("shutdown: {} requests still running after {}s; cancelling them", jobs_, cfg_.shutdown_timeout_s);
     for (auto& w : live_)
       if (auto job = w.lock()) cancel_job(*job);
-    idle_.wait_for(lock, std::chrono::seconds(10), [&] { return jobs_ == 0; });
+    idle_.wait_until(lock, start + total, [&] { return jobs_ == 0; });
   }
   lock.unlock();
   http_->stop();
@@ -167,9 +119,9 @@ void Server::job_finished() {
   idle_.notify_all();
 }
 
-bool Server::authorized(const httplib::Request& req, httplib::Response& res) const {
+bool Server::authorized(const http::Request& req, http::Response& res) const {
   if (cfg_.api_key.empty()) return true;
-  const std::string h = req.get_header_value("Authorization");
+  const std::string& h = req.header("Authorization");
   const std::string prefix = "bearer ";  // the scheme is case-insensitive (RFC 9110 11.1)
   auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
   const bool bearer = h.size() > prefix.size() && std::equal(prefix.begin(), prefix.end(), h.begin(),
@@ -180,90 +132,65 @@ bool Server::authorized(const httplib::Request& req, httplib::Response& res) con
   return false;
 }
 
-void Server::routes() {
-  httplib::Server& s = *http_;
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (draining_) return send_json(res, 503, error_body(503, "the server is shutting down"));
-    send_json(res, 200, {{"status", "ok"}});
-  });
-  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+// From the head alone: the wrong method (405), no such path (404), or a generation request
+// without the key (401). Their bodies are never kept.
+std::optional<http::Response> Server::screen(const http::Request& head) {
+  http::Response res;
+  if (is_generate(head)) {
+    if (!authorized(head, res)) return res;
+    return std::nullopt;
+  }
+  if (is_get_route(head)) return std::nullopt;
+  if (known_paths().count(head.path) || is_model_path(head.path))
+    send_error(res, ApiError(405, fmt::format("{} is not allowed on {}", head.method, head.path)));
+  else
+    send_error(res, ApiError(404, fmt::format("no route for {} {}", head.method, head.path)));
+  return res;
+}
+
+http::Response Server::error(int status, const std::string& message) {
+  http::Response res;
+  send_error(res, ApiError(status, message));
+  return res;
+}
+
+void Server::answered(const http::Request& req, const http::Response& res) {
+  // Known paths only: a client probing random URLs must not grow the label set without bound.
+  std::string ep = "other";
+  if (known_paths().count(req.path)) ep = req.path;
+  if (is_model_path(req.path)) ep = "/v1/models";
+  metrics_.request_done(ep, res.status);
+}
+
+void Server::handle(http::Request& req, http::Response& res) {
+  try {
+    if (is_generate(req)) return handle_generate(req, res, req.path == "/v1/chat/completions");
+    if (req.path == "/health") {
+      if (draining_) return send_error(res, ApiError(503, "the server is shutting down"));
+      return send_json(res, 200, {{"status", "ok"}});
+    }
     if (!authorized(req, res)) return;
-    json m = {{"id", cfg_.model_name},
-              {"object", "model"},
-              {"created", 0},
-              {"owned_by", "kiln"},
-              {"max_model_len", engine_.max_model_len()}};
-    send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
-  });
-  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    const std::string id = req.matches[1];
+    if (req.path == "/v1/models") {
+      json m = {{"id", cfg_.model_name},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "kiln"},
+                {"max_model_len", engine_.max_model_len()}};
+      return send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
+    }
+    if (req.path == "/metrics") {
+      res.status = 200;
+      return res.set_content(metrics_.render(engine_.stats(), cfg_.model_name), "text/plain; version=0.0.4");
+    }
+    const std::string id = req.path.substr(11);  // is_model_path
     if (id != cfg_.model_name)
       return send_error(
           res, ApiError(404, fmt::format("the model '{}' does not exist", id), "model", "", "model_not_found"));
     send_json(res, 200, {{"id", id}, {"object", "model"}, {"created", 0}, {"owned_by", "kiln"}});
-  });
-  s.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    res.set_content(metrics_.render(engine_.stats(), cfg_.model_name), "text/plain; version=0.0.4");
-  });
-  // These read their bodies themselves (Server::read_body): httplib 0.11 bounds only bodies with a
-  // Content-Length by set_payload_max_length, and a chunked one once grew without end. So does
-  // every other POST, PUT, PATCH and DELETE (below).
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
-                                        const httplib::ContentReader& body) { handle_generate(req, res, body, true); });
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
-                                   const httplib::ContentReader& body) { handle_generate(req, res, body, false); });
-  // The wrong method on a known path is 405, not 404.
-  auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
-    send_error(res, ApiError(405, fmt::format("{} is not allowed on {}", req.method, req.path)));
-  };
-  for (const char* p : {"/v1/chat/completions", "/v1/completions"}) s.Get(p, not_allowed);
-  // Any other POST, PUT, PATCH or DELETE: its body read (bounded, dropped), then 405 on a known path
-  // and 404 elsewhere. Any path: httplib matches the decoded path, and ECMAScript's "." stops at a
-  // newline, so ".*" let "/a%0Ab" through to httplib's own unbounded read.
-  auto no_route = [this, not_allowed](const httplib::Request& req, httplib::Response& res,
-                                      const httplib::ContentReader& reader) {
-    drain_body(req, reader, cfg_.max_body_bytes);
-    static const std::set<std::string> known = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                                "/metrics"};
-    if (known.count(req.path) || req.path.rfind("/v1/models/", 0) == 0) return not_allowed(req, res);
-    send_error(res, ApiError(404, fmt::format("no route for {} {}", req.method, req.path)));
-  };
-  const std::string any_path = R"([\s\S]*)";
-  s.Post(any_path, no_route);
-  s.Put(any_path, no_route);
-  s.Patch(any_path, no_route);
-  s.Delete(any_path, no_route);
-
-  // httplib answers some errors itself (unknown path, 413 body too large, unparseable HTTP):
-  // give them the OpenAI body too.
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string msg = res.status == 404   ? fmt::format("no route for {} {}", req.method, req.path)
-                      : res.status == 413 ? "the request body is larger than the server's limit"
-                                          : fmt::format("HTTP {}", res.status);
-    send_json(res, res.status, error_body(res.status, msg));
-  });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      msg = e.what();
-    } catch (...) {
-    }
-    send_json(res, 500, error_body(500, msg));
-  });
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    // Known paths only: a client probing random URLs must not grow the label set without bound.
-    static const char* known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"};
-    std::string ep = "other";
-    for (const char* k : known)
-      if (req.path == k) ep = k;
-    if (req.path.rfind("/v1/models/", 0) == 0) ep = "/v1/models";
-    metrics_.request_done(ep, res.status);
-  });
+  } catch (const std::exception& e) {
+    res = http::Response{};
+    send_json(res, 500, error_body(500, e.what()));
+  }
 }
 
 }  // namespace kiln::server

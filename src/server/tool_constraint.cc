@@ -86,6 +86,11 @@ ToolCallGrammar::ToolCallGrammar(std::shared_ptr<const TokenVocab> vocab, ToolCa
     else
       bytes(m);
   };
+  if (style == ToolCallStyle::PlainJson) {
+    segs_.push_back({Kind::Json, {}, -1});
+    segs_.push_back({Kind::End, {}, -1});
+    return;
+  }
   const ToolMarkers& m = tool_markers(style == ToolCallStyle::KimiK2 ? ToolFormat::KimiK2 : ToolFormat::DeepSeekV3);
   marker(m.section_begin);
   marker(m.call_begin);

@@ -68,7 +68,9 @@ std::shared_ptr<const TokenVocab> token_vocab(const tok::Tokenizer& t, const std
 
 // DeepSeek-V3 writes "function<sep>NAME\n```json\nARGS\n```"; V3.1 "NAME<sep>ARGS"; Kimi K2
 // "functions.NAME:0<argument_begin>ARGS".
-enum class ToolCallStyle { DeepSeekV3, DeepSeekV31, KimiK2 };
+// PlainJson: no markup, the output is the one object itself (response_format json_object /
+// json_schema), under the first ToolSpec's schema.
+enum class ToolCallStyle { DeepSeekV3, DeepSeekV31, KimiK2, PlainJson };
 
 struct ToolSpec {
   std::string name;

@@ -3,6 +3,7 @@
 // tokens split it again -> pre-tokenizer -> BPE per piece -> post-processor.
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -170,8 +171,8 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   fail("tokenizer directory {} has neither tokenizer.json nor tiktoken.model", dir);
 }
 
-std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens,
-                                        bool split_special_tokens) const {
+std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens, bool split_special_tokens,
+                                        size_t max_tokens) const {
   const TokenizerImpl& t = *impl_;
   std::string repaired;
   if (!is_valid_utf8(text)) {
@@ -179,7 +180,8 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special_
     text = repaired;
   }
   std::vector<uint32_t> ids;
-  ids.reserve(text.size() / 3 + 4);
+  ids.reserve(std::min(text.size() / 3, max_tokens) + 4);
+  auto full = [&] { return ids.size() > max_tokens; };
   PieceArena arena;
   std::vector<Piece> pieces;
   auto encode_plain = [&](std::string_view s, bool at_start) {
@@ -191,7 +193,10 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special_
     } else {
       pieces.push_back(p);
     }
-    for (const Piece& q : pieces) t.model->tokenize(q.text, ids);
+    for (const Piece& q : pieces) {
+      if (full()) return;
+      t.model->tokenize(q.text, ids);
+    }
   };
   std::vector<Segment> segments;
   bool use_added = !t.added.empty();
@@ -202,6 +207,7 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special_
   }
   std::vector<Segment> sub;
   for (const Segment& seg : segments) {
+    if (full()) break;
     if (seg.token >= 0) {
       ids.push_back(static_cast<uint32_t>(seg.token));
       continue;
@@ -216,6 +222,7 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special_
       sub.clear();
       t.added.split(s, true, seg.offset, sub, split_special_tokens);
       for (const Segment& q : sub) {
+        if (full()) break;
         if (q.token >= 0) {
           ids.push_back(static_cast<uint32_t>(q.token));
         } else {
@@ -264,6 +271,15 @@ size_t Tokenizer::vocab_size() const {
   size_t n = impl_->model->vocab_size();
   for (const AddedToken& a : impl_->added.tokens()) n = std::max(n, static_cast<size_t>(a.id) + 1);
   return n;
+}
+
+size_t Tokenizer::max_token_bytes() const {
+  size_t most = 1;
+  const size_t n = impl_->model->vocab_size();
+  for (size_t id = 0; id < n; ++id)
+    if (const std::string* s = impl_->model->id_to_token(static_cast<uint32_t>(id))) most = std::max(most, s->size());
+  for (const AddedToken& a : impl_->added.tokens()) most = std::max(most, a.content.size());
+  return most;
 }
 
 std::optional<uint32_t> Tokenizer::bos_id() const {

@@ -43,8 +43,12 @@ class Tokenizer {
   // add_special_tokens: apply the post-processor (e.g. prepend BOS). Special tokens written in the
   // text are recognised as special tokens, as Hugging Face does by default; pass
   // split_special_tokens=true to encode them as plain text instead (safer for untrusted input).
-  std::vector<uint32_t> encode(std::string_view text, bool add_special_tokens = true,
-                               bool split_special_tokens = false) const;
+  // max_tokens: stop once more than this many ids are found (the result then holds more than
+  // max_tokens ids, but not all of them), so an oversized prompt costs no more than the limit.
+  std::vector<uint32_t> encode(std::string_view text, bool add_special_tokens = true, bool split_special_tokens = false,
+                               size_t max_tokens = SIZE_MAX) const;
+  // The most bytes any one token stands for (as written in the vocabulary, an upper bound).
+  size_t max_token_bytes() const;
   // Unknown ids are skipped, as Hugging Face does.
   std::string decode(std::span<const uint32_t> ids, bool skip_special_tokens = false) const;
 

@@ -331,10 +331,36 @@ async function load() {
     completed++;
   }));
   assert.equal(completed + refused, count);
+  // Refusing everything is not serving: under the cap the streams must complete.
+  const minCompleted = Number(args["min-completed"] ?? 0);
+  assert.ok(completed >= minCompleted, `${completed} of ${count} streams completed, fewer than ${minCompleted}`);
   ok(`${count} concurrent streams: ${completed} completed, ${refused} refused`);
 }
 
-const suites = { e2e, auth, disconnect, load, tools };
+// response_format json_schema: seeded requests, each answer one object that follows the schema.
+async function format() {
+  const model = await modelName();
+  const count = Number(args["count"] ?? 100);
+  const schema = { type: "object", required: ["name", "age", "ok"],
+    properties: { name: { type: "string", maxLength: 8 }, age: { type: "integer" }, ok: { type: "boolean" } } };
+  const c = client();
+  const one = async (i) => {
+    const r = await c.chat.completions.create({ model, seed: i, temperature: 1, max_tokens: 300,
+      messages: [{ role: "user", content: `person ${i} as JSON` }],
+      response_format: { type: "json_schema", json_schema: { name: "person", schema } } });
+    const text = r.choices[0].message.content;
+    assert.equal(r.choices[0].finish_reason, "stop", `request ${i} ended by itself: ${text}`);
+    const j = JSON.parse(text);
+    assert.deepEqual(Object.keys(j).sort(), ["age", "name", "ok"], text);
+    assert.ok(typeof j.name === "string" && [...j.name].length <= 8, text);
+    assert.ok(Number.isInteger(j.age) && typeof j.ok === "boolean", text);
+  };
+  // Ten at a time: the engine batches them.
+  for (let i = 0; i < count; i += 10) await Promise.all(Array.from({ length: Math.min(10, count - i) }, (_, k) => one(i + k)));
+  ok(`${count} json_schema answers validate against their schema`);
+}
+
+const suites = { e2e, auth, disconnect, load, tools, format };
 if (suite === "bad") {
   const { bad } = await import(pathToFileURL(path.join(here, "bad_inputs.mjs")));
   await bad(base, await modelName());

@@ -49,5 +49,16 @@ TEST(ResponseLogprobs, BytesAndOffsetsSpellSplitCharacters) {
   EXPECT_EQ(at, from + text.size());
 }
 
+// OpenAI clients know stop, length, tool_calls and content_filter: a request the shutdown deadline
+// cut short is reported as "length" (it ended before its own end), never "abort".
+TEST(ResponseFinish, CutShortIsLengthNeverAbort) {
+  using response::finish_name;
+  EXPECT_STREQ(finish_name(FinishReason::Abort, 0), "length");
+  EXPECT_STREQ(finish_name(std::nullopt, 0), "length");
+  EXPECT_STREQ(finish_name(FinishReason::Stop, 0), "stop");
+  EXPECT_STREQ(finish_name(FinishReason::Stop, 1), "tool_calls");
+  EXPECT_STREQ(finish_name(FinishReason::Length, 0), "length");
+}
+
 }  // namespace
 }  // namespace kiln::server
