@@ -71,7 +71,7 @@ print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))"
       tag=sweep
       if serve --max-num-seqs 512 --max-model-len 2048; then
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
-          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200 Moonlight-16B-A3B shape" \
+          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln, Moonlight-16B-A3B shape" \
           --out "$OUT/serve_sweep.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_sweep.log" || status=1
         summarize serve_sweep
         stop
@@ -82,7 +82,7 @@ print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))"
       tag=serial
       if serve --max-num-seqs 512 --max-model-len 2048 --disable-overlap-schedule; then
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
-          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln H200, serial loop" \
+          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln, Moonlight-16B-A3B shape, serial loop" \
           --out "$OUT/serve_serial.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_serial.log" || status=1
         summarize serve_serial
         stop
