@@ -10,7 +10,9 @@
 #   check   the overlapped loop's greedy tokens against the serial loop's, bundled model on CUDA
 #   model   kiln bench model: batch 1, 64, 256; prompt 1024, 128 decode steps
 #   sweep   kiln bench serve --input-len 1024 --output-len 400 --concurrency 1,16,64,256,512
-#   serial  the same sweep with --disable-overlap-schedule (the overlapped loop's A/B)
+#   serial  the same sweep with --disable-overlap-schedule (the overlapped loop's A/B; the
+#           overlapped loop is the default since session 27, so this part goes once the A/B is
+#           settled on other GPUs too)
 #   long    one cold 131,072-token prompt (--workload long-prefill), chunked by the step budget
 set -uo pipefail
 parts=("$@")
@@ -66,25 +68,15 @@ print('same tokens:', a['output_ids'] == b['output_ids'], len(a['output_ids']))"
       .gpu/kiln --log-level warn bench model --device cuda --config "$CONFIG" --random-weights --batch-sizes 1,64,256 \
         --prompt-len 1024 --decode-steps 128 --json "$OUT/bench_model.json" 2>&1 | tee "$OUT/bench_model.log" || status=1
       ;;
-    sweep)
-      echo "== kiln serve --load-format dummy + kiln bench serve, 1024 in / 400 out"
-      tag=sweep
-      if serve --max-num-seqs 512 --max-model-len 2048; then
+    sweep | serial)
+      echo "== kiln serve --load-format dummy + kiln bench serve, 1024 in / 400 out ($part loop)"
+      tag=$part
+      flags=(); [ "$part" = serial ] && flags=(--disable-overlap-schedule)
+      if serve --max-num-seqs 512 --max-model-len 2048 "${flags[@]}"; then
         .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
-          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln, Moonlight-16B-A3B shape" \
-          --out "$OUT/serve_sweep.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_sweep.log" || status=1
-        summarize serve_sweep
-        stop
-      fi
-      ;;
-    serial)
-      echo "== the same sweep, serial loop (--disable-overlap-schedule)"
-      tag=serial
-      if serve --max-num-seqs 512 --max-model-len 2048 --disable-overlap-schedule; then
-        .gpu/kiln bench serve --base-url http://127.0.0.1:8011 --tokenizer "$MODEL" --input-len 1024 --output-len 400 \
-          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln, Moonlight-16B-A3B shape, serial loop" \
-          --out "$OUT/serve_serial.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_serial.log" || status=1
-        summarize serve_serial
+          --concurrency 1,16,64,256,512 --gpus 1 --label "kiln, Moonlight-16B-A3B shape, $part" \
+          --out "$OUT/serve_$part.json" 2>&1 | grep -v '^\[' | tee "$OUT/serve_$part.log" || status=1
+        summarize "serve_$part"
         stop
       fi
       ;;

@@ -17,13 +17,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-long proc_status(pid_t pid, const std::string& key) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
-  return -1;
-}
-
 #define NEEDS_TINY() \
   if (!have_tiny_weights()) GTEST_SKIP() << "needs the weights of models/kiln-tiny"
 

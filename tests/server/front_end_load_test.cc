@@ -19,13 +19,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-long proc_status(pid_t pid, const std::string& key) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
-  return -1;
-}
-
 // User + system CPU seconds the process has used.
 double cpu_seconds(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");

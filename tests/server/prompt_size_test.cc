@@ -46,37 +46,11 @@ TEST(PromptBudget, TokenizationStopsPastTheLimit) {
 
 // Sends one POST with a JSON body on loopback and returns the whole response ("" on failure).
 std::string post(int port, const std::string& path, const std::string& body) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return {};
-  timeval tv{120, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
-                            "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                            "\r\n\r\n" + body;
-    size_t sent = 0;
-    while (sent < req.size()) {
-      const ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
-    char buf[4096];
-    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  return out;
-}
-
-long peak_rss_kib(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
+  return http_exchange(port,
+                       "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
+                           "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                           "\r\n\r\n" + body,
+                       120);
 }
 
 // 7.5 MB prompts (under the 8 MiB body limit) on a 2,048-token context: each is refused by its
@@ -87,7 +61,7 @@ TEST(PromptSize, OversizedPromptsRefusedBeforeTokenizing) {
   if (!have_tiny_weights()) GTEST_SKIP() << "needs the weights of models/kiln-tiny";
   ServeProcess s({"--max-model-len", "2048"});
   ASSERT_TRUE(s.wait_ready()) << s.log();
-  const long before = peak_rss_kib(s.pid());
+  const long before = proc_status(s.pid(), "VmHWM");
   std::string words;
   words.reserve(7'500'000);
   while (words.size() < 7'500'000) words += "lorem ipsum ";
@@ -105,7 +79,7 @@ TEST(PromptSize, OversizedPromptsRefusedBeforeTokenizing) {
     EXPECT_NE(r.find("bytes, more than"), std::string::npos) << r.substr(0, 600);
   }
 #ifndef __SANITIZE_ADDRESS__  // ASan's quarantine and redzones keep freed bodies resident: no bound there
-  EXPECT_LT(peak_rss_kib(s.pid()) - before, 600L * 1024) << "peak RSS grew past 600 MB";
+  EXPECT_LT(proc_status(s.pid(), "VmHWM") - before, 600L * 1024) << "peak RSS grew past 600 MB";
 #else
   (void)before;
 #endif

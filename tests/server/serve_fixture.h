@@ -51,11 +51,12 @@ inline std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// A bare HTTP/1.0 GET on loopback (no client library needed): the whole response, or "".
-inline std::string http_get(int port, const std::string& path) {
+// Sends `request` (whole, however many writes it takes) to loopback `port` and reads until the
+// server closes or `timeout_s` passes without a byte: the whole response, or "".
+inline std::string http_exchange(int port, const std::string& request, int timeout_s) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return {};
-  timeval tv{2, 0};
+  timeval tv{timeout_s, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -63,14 +64,30 @@ inline std::string http_get(int port, const std::string& path) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string out;
   if (port > 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+    size_t sent = 0;
+    while (sent < request.size()) {
+      const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
     }
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
   }
   close(fd);
   return out;
+}
+
+// A bare HTTP/1.0 GET on loopback (no client library needed): the whole response, or "".
+inline std::string http_get(int port, const std::string& path) {
+  return http_exchange(port, "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", 2);
+}
+
+// A field of /proc/PID/status in its unit (kB for memory, a count for Threads); -1 if absent.
+inline long proc_status(pid_t pid, const std::string& key) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
+  return -1;
 }
 
 inline int http_status(int port, const std::string& path) {
