@@ -32,10 +32,12 @@ if [ -z "$total" ]; then
   exit 1
 fi
 skipped_names=$(awk '/^The following tests did not run:$/ { in_list = 1; next }
-  in_list && /^[ \t]+[0-9]+ - / { sub(/^[ \t]+[0-9]+ - /, ""); sub(/ \([A-Za-z ]+\)$/, ""); print; next }
+  in_list && /^[ \t]+[0-9]+ - / {
+    sub(/^[ \t]+[0-9]+ - /, ""); sub(/ \([A-Za-z ]+\)$/, ""); sub(/ +# GetParam\(\) = .*$/, ""); print; next }
   { in_list = 0 }' "$log")
 # Which skipped tests said they need a GPU: their output in ctest's log holds the GPU tests' reason.
-gpu_names=$(awk '/^[0-9]+\/[0-9]+ Test: / { name = $3 } /no CUDA GPU/ && name != "" { print name; name = "" }' \
+gpu_names=$(awk '/^[0-9]+\/[0-9]+ Test: / { name = $3 }
+  /no CUDA GPU|needs [0-9]+ CUDA GPU/ && name != "" { print name; name = "" }' \
   "$dir/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u)
 skipped=0 gpu=0
 other=()

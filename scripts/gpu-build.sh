@@ -6,7 +6,7 @@
 #   over its limit): the named binaries of .gpu (default: all), stripped, and the libraries they
 #   load, xz with the x86 filter and a 256 MiB window so the binaries' shared code is stored once
 #   (~15 MB for all, ~3 MB less than plain `tar -cJf`). The tree that travels plus the carry must
-#   stay under 64 MiB; the script prints both. scripts/gpu-check.sh needs all five binaries; fewer
+#   stay under 64 MiB; the script prints both. scripts/gpu-check.sh needs the first five binaries; fewer
 #   suit a command of your own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
