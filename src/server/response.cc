@@ -2,6 +2,8 @@
 // server-sent events.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "server/job.h"
 
@@ -253,11 +255,9 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, http::Response& res
         if (!first.is_null() && !event(chunk_json(first))) return false;
       }
     }
-    bool all_done = true;
     for (size_t k = 0; k < job->choices.size(); ++k) {
       auto& c = job->choices[k];
       if (c.done) continue;
-      all_done = false;
       // Takes what is there: the connection pulls again when a stream signals output.
       auto chunk = c.stream.next_for(std::chrono::milliseconds(0));
       if (!chunk) {
@@ -325,6 +325,9 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, http::Response& res
         if (!event(chunk_json(fin))) return false;
       }
     }
+    // Decided after the pass: the pull that takes a stream's final chunk also ends the response
+    // (the stream signals nothing more, so waiting for another pull would wait for the ticker).
+    const bool all_done = std::all_of(job->choices.begin(), job->choices.end(), [](const auto& c) { return c.done; });
     if (all_done) {
       if (job->include_usage) {
         json u = {{"id", job->id},

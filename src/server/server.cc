@@ -69,6 +69,7 @@ Server::Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<to
   max_token_bytes_ = tok_.max_token_bytes();
   http::Limits limits;
   limits.max_body_bytes = cfg_.max_body_bytes;
+  limits.pull_interval = cfg_.pull_interval;
   http_ = std::make_unique<http::HttpServer>(limits, *this, io_threads(cfg_.threads));
 }
 

@@ -45,6 +45,7 @@ struct ServerConfig {
   ToolFormat tool_format = ToolFormat::None;  // how tool calls are written by the model
   bool reasoning = false;                     // split <think>...</think> into reasoning_content
   ProtocolLimits limits;
+  std::chrono::milliseconds pull_interval{1000};  // http::Limits::pull_interval
 };
 
 class Server : public http::Handler {

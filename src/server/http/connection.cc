@@ -207,7 +207,7 @@ void Connection::pump() {
 }
 
 void Connection::tick() {
-  ticker_.expires_after(std::chrono::seconds(1));
+  ticker_.expires_after(limits_.pull_interval);
   ticker_.async_wait([self = shared_from_this()](const error_code& ec) {
     if (ec || self->closed_ || !self->res_.provider || self->body_queued_) return;
     self->pump();

@@ -21,6 +21,9 @@ struct Limits {
   std::chrono::milliseconds write_timeout{30000};   // one write that makes no progress
   size_t max_pending_bytes = 4 << 20;               // a stream's bytes not yet taken by its client; more: closed
   size_t max_connections = 16384;                   // open at once; more get 503 and are closed
+  // How often a response still being produced is pulled without a wake from its source: the
+  // keep-alive byte of a JSON answer being computed, and a safety net for streams.
+  std::chrono::milliseconds pull_interval{1000};
 };
 
 }  // namespace kiln::server::http
