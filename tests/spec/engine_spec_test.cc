@@ -37,6 +37,23 @@ TEST(EngineSpec, GreedyOutputIsThePlainEnginesUnderContinuousBatching) {
   }
 }
 
+TEST(EngineSpec, VerifyRowsShareStepsWithPrefillChunks) {
+  // Prompts go in 4 tokens per step: while the long ones are still prefilling, the short ones
+  // already verify drafts in the same forward (absorbed verify rows beside expanded chunks).
+  const std::vector<Request> reqs = mixed_requests();
+  auto chunked = [](int64_t k) {
+    EngineConfig c = config(k);
+    c.scheduler.max_prefill_chunk = 4;
+    return c;
+  };
+  Engine plain(*models().target, chunked(0));
+  const auto want = run_all(plain, reqs);
+  Engine spec(*models().target, chunked(3));
+  EXPECT_EQ(run_all(spec, reqs), want);
+  EXPECT_GT(spec.stats().spec.accepted_tokens, 0);
+  EXPECT_GE(spec.stats().prefill_steps, 11);  // the 41-token prompt alone takes 11 steps
+}
+
 TEST(EngineSpec, PreemptionWithATinyPoolLosesNothing) {
   const std::vector<Request> reqs = mixed_requests();
   Engine plain(*models().target, config(0));
