@@ -88,7 +88,8 @@ RequestStream Engine::submit(Request req) {
   const int64_t max_new = p.max_tokens < 0 ? max_model_len_ - n : p.max_tokens;
   KILN_CHECK(n + max_new <= max_model_len_, "prompt ({} tokens) + max_tokens ({}) exceed the context limit of {}", n,
              max_new, max_model_len_);
-  const bool speculate = req.speculate && cfg_.speculator;
+  // Drafts reach position n + max_new - 2 at most (the last token is never drafted past).
+  const bool speculate = req.speculate && cfg_.speculator && n + max_new <= cfg_.speculator->max_len();
   std::vector<int32_t> stop_ids = p.stop_token_ids;
   if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
 

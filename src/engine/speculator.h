@@ -29,6 +29,9 @@ class Speculator {
   // The most drafts per sequence and step (K); the scheduler asks fewer near max_tokens.
   virtual int64_t num_draft_tokens() const = 0;
   virtual const char* name() const = 0;  // the algorithm, e.g. "draft"
+  // The longest sequence (prompt + output) the drafter can draft for (a draft model's positions);
+  // longer requests decode plainly.
+  virtual int64_t max_len() const = 0;
   // drafts[i] gets seqs[i].k proposals.
   virtual void draft(std::span<const SpecSeq> seqs, std::vector<std::vector<int32_t>>& drafts) = 0;
   // After the target forward: logits[i] is [seqs[i].k + 1, vocab], the target's scores at the

@@ -32,8 +32,9 @@ class OwnedDraftModel : public Drafter {
 
 }  // namespace
 
-DrafterSpeculator::DrafterSpeculator(std::unique_ptr<Drafter> drafter, int64_t k, int64_t vocab, std::string name)
-    : drafter_(std::move(drafter)), k_(k), vocab_(vocab), name_(std::move(name)) {
+DrafterSpeculator::DrafterSpeculator(std::unique_ptr<Drafter> drafter, int64_t k, int64_t vocab, std::string name,
+                                     int64_t max_len)
+    : drafter_(std::move(drafter)), k_(k), vocab_(vocab), max_len_(max_len), name_(std::move(name)) {
   KILN_CHECK(drafter_, "speculative decoding: no drafter");
   KILN_CHECK(k >= 1, "speculative decoding: the number of draft tokens must be >= 1, got {}", k);
   KILN_CHECK(drafter_->vocab_size() == vocab,
@@ -111,12 +112,13 @@ std::shared_ptr<Speculator> make_speculator(const std::string& algorithm, const 
   KILN_CHECK(k >= 1 && k <= 16, "--speculative-num-tokens must be in [1, 16], got {}", k);
   auto draft = DeepseekV3Model::load(model_dir, target.backend());
   if (draft->config().max_position_embeddings < target.config().max_position_embeddings)
-    spdlog::warn("draft model {}: {} positions, fewer than the target's {}: longer requests fail when drafting",
-                 model_dir, draft->config().max_position_embeddings, target.config().max_position_embeddings);
+    spdlog::warn("draft model {}: {} positions, fewer than the target's {}: longer requests decode plainly", model_dir,
+                 draft->config().max_position_embeddings, target.config().max_position_embeddings);
   spdlog::info("speculative decoding: draft model {} ({} layers, hidden {}), {} draft tokens per step", model_dir,
                draft->config().num_hidden_layers, draft->config().hidden_size, k);
-  const int64_t vocab = target.config().vocab_size;
-  return std::make_shared<DrafterSpeculator>(std::make_unique<OwnedDraftModel>(std::move(draft)), k, vocab, "draft");
+  const int64_t vocab = target.config().vocab_size, positions = draft->config().max_position_embeddings;
+  return std::make_shared<DrafterSpeculator>(std::make_unique<OwnedDraftModel>(std::move(draft)), k, vocab, "draft",
+                                             positions);
 }
 
 }  // namespace kiln::spec

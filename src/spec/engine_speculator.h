@@ -15,10 +15,13 @@ namespace kiln::spec {
 class DrafterSpeculator : public Speculator {
  public:
   // `k`: drafts per step (K >= 1); `vocab`: the target's vocabulary, which the drafter's must equal.
-  DrafterSpeculator(std::unique_ptr<Drafter> drafter, int64_t k, int64_t vocab, std::string name);
+  // `max_len`: the longest sequence the drafter can take.
+  DrafterSpeculator(std::unique_ptr<Drafter> drafter, int64_t k, int64_t vocab, std::string name,
+                    int64_t max_len = INT64_MAX);
 
   int64_t num_draft_tokens() const override { return k_; }
   const char* name() const override { return name_.c_str(); }
+  int64_t max_len() const override { return max_len_; }
   void draft(std::span<const SpecSeq> seqs, std::vector<std::vector<int32_t>>& drafts) override;
   std::vector<std::vector<int32_t>> verify(std::span<const SpecSeq> seqs,
                                            std::span<const std::vector<float>> logits) override;
@@ -27,7 +30,7 @@ class DrafterSpeculator : public Speculator {
 
  private:
   std::unique_ptr<Drafter> drafter_;
-  int64_t k_, vocab_;
+  int64_t k_, vocab_, max_len_;
   std::string name_;
   DraftOutput last_;  // the last draft() call's proposals and their probabilities
 };

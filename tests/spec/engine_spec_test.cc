@@ -4,6 +4,7 @@
 // must follow the seed (engine_spec_distribution_test: and plain sampling's distribution).
 #include "core/error.h"
 #include "engine_spec_util.h"
+#include "spec/paged_draft_drafter.h"
 
 namespace kiln::spec {
 namespace {
@@ -99,6 +100,24 @@ TEST(EngineSpec, SampledOutputFollowsTheSeedWhateverIsBatched) {
   Engine plain(*models().target, config(0));
   const auto base = run_all(plain, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(base[i][0], together[i][0]) << "request " << i;
+}
+
+TEST(EngineSpec, RequestsLongerThanTheDrafterCanTakeDecodePlainly) {
+  // A drafter good for 30 positions: the 19-token request (5 + 14) speculates, the 48-token one
+  // (32 + 16) does not, and both give the plain engine's tokens.
+  auto draft = DeepseekV3Model::load(model_dir("kiln-tiny-draft"), *models().backend);
+  EngineConfig c = config(0);
+  c.speculator = std::make_shared<DrafterSpeculator>(std::make_unique<PagedDraftModelDrafter>(*draft, 64, 8), 3,
+                                                     models().target->config().vocab_size, "draft", 30);
+  std::vector<Request> reqs;
+  reqs.push_back(request(models().prompts[3], 16));
+  Engine plain(*models().target, config(0));
+  Engine spec(*models().target, std::move(c));
+  EXPECT_EQ(run_all(spec, reqs), run_all(plain, reqs));
+  EXPECT_EQ(spec.stats().spec.verifies, 0);
+  reqs[0] = request(models().prompts[0], 14);
+  EXPECT_EQ(run_all(spec, reqs), run_all(plain, reqs));
+  EXPECT_GT(spec.stats().spec.verifies, 0);
 }
 
 TEST(EngineSpec, AlgorithmsNotBuiltAreRefusedByName) {
