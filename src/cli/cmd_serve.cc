@@ -130,7 +130,7 @@ int run_serve(ServeArgs a) {
   a.cfg.model_name = a.served_name;
   a.cfg.model_aliases = {a.model};
   server::Server srv(engine, tokenizer, std::move(tmpl), a.cfg);
-  srv.metrics().set_kernel_plan(m.backend->kernel_plan());
+  srv.metrics().set_kernel_plan(with_speculation(m.backend->kernel_plan(), ec.speculator.get()));
   KILN_CHECK(srv.bind(), "cannot listen on {}:{} (in use, or not an address of this machine)", a.cfg.host, a.cfg.port);
   std::thread signals([&] {
     int sig = 0;

@@ -1,6 +1,7 @@
 #include "cli/speculative.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "spec/engine_speculator.h"
 
 namespace kiln::cli {
@@ -33,6 +34,20 @@ std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const Dee
   check_speculative_flags(f);
   if (f.algorithm.empty()) return nullptr;
   return spec::make_speculator(f.algorithm, f.model, f.num_tokens, target);
+}
+
+std::vector<std::pair<std::string, std::string>> with_speculation(std::vector<std::pair<std::string, std::string>> plan,
+                                                                  const Speculator* s) {
+  if (!s) return plan;
+  const std::pair<std::string, std::string> extra[] = {
+      {"spec_draft", fmt::format("{}: the draft model's forward (the ops above), K={} steps batched over sequences",
+                                 s->name(), s->num_draft_tokens())},
+      {"spec_verify", "host: exact verifier (spec/verifier.cc) on the verify rows' downloaded logits"}};
+  for (const auto& [op, impl] : extra) {
+    spdlog::info("  {:<14} {}", op, impl);
+    plan.emplace_back(op, impl);
+  }
+  return plan;
 }
 
 }  // namespace kiln::cli

@@ -22,4 +22,8 @@ void check_speculative_flags(const SpeculativeFlags& f);
 // Null when speculation is off; a clear error naming the bad flag otherwise.
 std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const DeepseekV3Model& target);
 
+// The kernel plan with speculation's own entries (drafter and verifier), logged once.
+std::vector<std::pair<std::string, std::string>> with_speculation(std::vector<std::pair<std::string, std::string>> plan,
+                                                                  const Speculator* s);
+
 }  // namespace kiln::cli
