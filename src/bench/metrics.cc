@@ -145,6 +145,17 @@ nlohmann::json to_json(const PointSummary& s) {
                      {"forward", 1e3 * s.engine->forward_s / steps},
                      {"post", 1e3 * s.engine->post_s / steps}}},
                    {"busy_fraction", s.engine_busy_fraction}};
+    if (s.engine->spec_verifies > 0)
+      j["engine"]["speculative"] = {
+          {"verifies", s.engine->spec_verifies},
+          {"draft_tokens", s.engine->spec_draft_tokens},
+          {"accepted_tokens", s.engine->spec_accepted_tokens},
+          {"acceptance_rate",
+           s.engine->spec_draft_tokens > 0 ? s.engine->spec_accepted_tokens / s.engine->spec_draft_tokens : 0.0},
+          {"mean_accepted_length",
+           (s.engine->spec_accepted_tokens + s.engine->spec_verifies) / s.engine->spec_verifies},
+          {"draft_s", s.engine->spec_draft_s},
+          {"verify_s", s.engine->spec_verify_s}};
   }
   if (s.cost.kw_per_gpu > 0) {
     j["joules_per_output_token"] = s.joules_per_output_token;
@@ -166,6 +177,11 @@ std::optional<EnginePhases> parse_engine_phases(const std::string& text) {
                     : name == "kiln_engine_phase_seconds_total{phase=\"post\"}"    ? &p.post_s
                     : name == "kiln_engine_device_busy_seconds_total"              ? &p.device_busy_s
                     : name == "kiln_engine_steps_total"                            ? &p.steps
+                    : name == "kiln_spec_decode_verifies_total"                    ? &p.spec_verifies
+                    : name == "kiln_spec_decode_draft_tokens_total"                ? &p.spec_draft_tokens
+                    : name == "kiln_spec_decode_accepted_tokens_total"             ? &p.spec_accepted_tokens
+                    : name == "kiln_spec_decode_seconds_total{phase=\"draft\"}"    ? &p.spec_draft_s
+                    : name == "kiln_spec_decode_seconds_total{phase=\"verify\"}"   ? &p.spec_verify_s
                                                                                    : nullptr;
     if (!field) continue;
     char* end = nullptr;
@@ -182,9 +198,16 @@ std::optional<EnginePhases> parse_engine_phases(const std::string& text) {
 std::optional<EnginePhases> engine_phases_between(const std::optional<EnginePhases>& before,
                                                   const std::optional<EnginePhases>& after) {
   if (!before || !after) return std::nullopt;
-  return EnginePhases{after->schedule_s - before->schedule_s, after->forward_s - before->forward_s,
-                      after->post_s - before->post_s, after->device_busy_s - before->device_busy_s,
-                      after->steps - before->steps};
+  return EnginePhases{after->schedule_s - before->schedule_s,
+                      after->forward_s - before->forward_s,
+                      after->post_s - before->post_s,
+                      after->device_busy_s - before->device_busy_s,
+                      after->steps - before->steps,
+                      after->spec_verifies - before->spec_verifies,
+                      after->spec_draft_tokens - before->spec_draft_tokens,
+                      after->spec_accepted_tokens - before->spec_accepted_tokens,
+                      after->spec_draft_s - before->spec_draft_s,
+                      after->spec_verify_s - before->spec_verify_s};
 }
 
 nlohmann::json to_json(const RequestRecord& r, int64_t point) {

@@ -44,6 +44,9 @@ struct EnginePhases {
   double schedule_s = 0, forward_s = 0, post_s = 0;
   double device_busy_s = 0;  // the device's time on the engine's steps (CUDA events)
   double steps = 0;
+  // Speculative decoding (kiln_spec_decode_*): sequence verifications, drafts, accepted drafts,
+  // and the drafter's and the verify steps' time.
+  double spec_verifies = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_draft_s = 0, spec_verify_s = 0;
 };
 
 struct PointSummary {

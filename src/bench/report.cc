@@ -112,6 +112,14 @@ std::string format_notes(const std::vector<PointSummary>& points) {
           at, p.engine_busy_fraction * 100, 1e3 * p.engine->device_busy_s / p.engine->steps,
           1e3 * p.engine->forward_s / p.engine->steps, 1e3 * p.engine->schedule_s / p.engine->steps,
           1e3 * p.engine->post_s / p.engine->steps, p.engine->steps);
+    if (p.engine && p.engine->spec_verifies > 0)
+      out += fmt::format(
+          "{}: speculative decoding accepted {:.0f} of {:.0f} drafts ({:.1f}%), mean accepted length {:.2f} tokens "
+          "per verify; draft {:.2f} s, verify steps {:.2f} s\n",
+          at, p.engine->spec_accepted_tokens, p.engine->spec_draft_tokens,
+          p.engine->spec_draft_tokens > 0 ? 100 * p.engine->spec_accepted_tokens / p.engine->spec_draft_tokens : 0.0,
+          (p.engine->spec_accepted_tokens + p.engine->spec_verifies) / p.engine->spec_verifies, p.engine->spec_draft_s,
+          p.engine->spec_verify_s);
     if (p.client_cpu_utilization > 0.9)
       out += fmt::format(
           "{}: the load generator used {:.0f}% of a core; these figures may be its limit, not the server's\n", at,

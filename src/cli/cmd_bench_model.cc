@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/speculative.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -27,6 +28,7 @@ struct BenchModelArgs {
   Precision precision;
   bool random = false, warmup = true, enforce_eager = false;
   bool no_overlap = false;
+  SpeculativeFlags speculative;
   int64_t prompt_len = 128, decode_steps = 32, block_size = 64, max_batched_tokens = 8192, prefill_chunk = 0;
   uint64_t seed = 0;
 };
@@ -35,7 +37,18 @@ struct Row {
   int64_t batch = 0;
   double prefill_tps = 0, decode_tps_stream = 0, decode_tps = 0, step_ms = 0, wall_s = 0;
   int64_t prefill_tokens = 0, decode_steps = 0;
+  SpecDecodeStats spec;  // this batch's speculation (verifies 0 without it)
 };
+
+// b - a, counter by counter.
+SpecDecodeStats spec_delta(const SpecDecodeStats& b, const SpecDecodeStats& a) {
+  SpecDecodeStats d = b;
+  d.verifies -= a.verifies, d.draft_tokens -= a.draft_tokens, d.accepted_tokens -= a.accepted_tokens;
+  for (size_t i = 0; i < a.proposed_at.size() && i < d.proposed_at.size(); ++i)
+    d.proposed_at[i] -= a.proposed_at[i], d.accepted_at[i] -= a.accepted_at[i];
+  d.draft_seconds -= a.draft_seconds, d.verify_seconds -= a.verify_seconds;
+  return d;
+}
 
 Row run_batch(Engine& engine, int64_t B, const BenchModelArgs& a, int64_t vocab, std::mt19937_64& rng) {
   const EngineStats before = engine.stats();
@@ -64,10 +77,16 @@ Row run_batch(Engine& engine, int64_t B, const BenchModelArgs& a, int64_t vocab,
   r.decode_steps = after.decode_steps - before.decode_steps;
   const int64_t dt = after.decode_tokens - before.decode_tokens;
   if (ps > 0) r.prefill_tps = static_cast<double>(r.prefill_tokens) / ps;
+  r.spec = spec_delta(after.spec, before.spec);
   if (ds > 0 && r.decode_steps > 0) {
     r.decode_tps_stream = static_cast<double>(r.decode_steps) / ds;
     r.decode_tps = static_cast<double>(dt) / ds;
     r.step_ms = 1e3 * ds / static_cast<double>(r.decode_steps);
+    if (r.spec.verifies > 0) {  // a decode step emits several tokens per stream: count the output
+      const auto out = static_cast<double>(after.generated_tokens - before.generated_tokens - B);  // less the prefill's
+      r.decode_tps = out / ds;
+      r.decode_tps_stream = r.decode_tps / static_cast<double>(B);
+    }
   }
   return r;
 }
@@ -84,6 +103,7 @@ int run_bench_model(const BenchModelArgs& a) {
   const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   if (!a.json_out.empty()) require_output_file(a.json_out, "--json", {a.config});
 
+  check_speculative_flags(a.speculative);
   std::unique_ptr<ops::Backend> backend = make_backend(a.device);
   std::unique_ptr<DeepseekV3Model> model;
   std::string source;
@@ -112,6 +132,7 @@ int run_bench_model(const BenchModelArgs& a) {
     cfg.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
   else  // exactly what the largest batch needs: no preemption, no waste
     cfg.kv.num_blocks = max_batch * kv::blocks_for(a.prompt_len + a.decode_steps, a.block_size);
+  cfg.speculator = make_speculator(a.speculative, *model);
   Engine engine(*model, cfg);
 
   std::mt19937_64 rng(a.seed);
@@ -138,6 +159,23 @@ int run_bench_model(const BenchModelArgs& a) {
   for (const Row& r : rows)
     std::printf("%6lld  %14.1f  %18.2f  %18.1f  %12.2f\n", static_cast<long long>(r.batch), r.prefill_tps,
                 r.decode_tps_stream, r.decode_tps, r.step_ms);
+  if (cfg.speculator) {
+    std::printf("speculative decoding (%s, K %lld): decode tok/s counts every token a step emits\n",
+                cfg.speculator->name(), static_cast<long long>(a.speculative.num_tokens));
+    std::printf("%6s  %10s  %10s  %10s  %10s  %s\n", "batch", "accepted", "mean len", "draft s", "verify s",
+                "acceptance per draft position");
+    for (const Row& r : rows) {
+      std::string per;
+      for (size_t i = 0; i < r.spec.proposed_at.size(); ++i)
+        per += fmt::format("{}{:.3f}", i ? " " : "",
+                           r.spec.proposed_at[i]
+                               ? static_cast<double>(r.spec.accepted_at[i]) / static_cast<double>(r.spec.proposed_at[i])
+                               : 0.0);
+      std::printf("%6lld  %10.3f  %10.3f  %10.3f  %10.3f  %s\n", static_cast<long long>(r.batch),
+                  r.spec.acceptance_rate(), r.spec.mean_accepted_length(), r.spec.draft_seconds, r.spec.verify_seconds,
+                  per.c_str());
+    }
+  }
 
   if (!a.json_out.empty()) {
     nlohmann::json j = {{"model", source},
@@ -160,6 +198,23 @@ int run_bench_model(const BenchModelArgs& a) {
                               {"prefill_tokens", r.prefill_tokens},
                               {"decode_steps", r.decode_steps},
                               {"wall_seconds", r.wall_s}});
+    if (cfg.speculator) {
+      j["speculative"] = {{"algorithm", a.speculative.algorithm},
+                          {"model", a.speculative.model},
+                          {"num_tokens", a.speculative.num_tokens}};
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const SpecDecodeStats& sd = rows[i].spec;
+        j["results"][i]["speculative"] = {{"verifies", sd.verifies},
+                                          {"draft_tokens", sd.draft_tokens},
+                                          {"accepted_tokens", sd.accepted_tokens},
+                                          {"acceptance_rate", sd.acceptance_rate()},
+                                          {"mean_accepted_length", sd.mean_accepted_length()},
+                                          {"proposed_at", sd.proposed_at},
+                                          {"accepted_at", sd.accepted_at},
+                                          {"draft_seconds", sd.draft_seconds},
+                                          {"verify_seconds", sd.verify_seconds}};
+      }
+    }
     std::ofstream f(a.json_out);
     f << j.dump(2) << "\n";
     KILN_CHECK(f.good(), "--json {}: cannot write the file", a.json_out);
@@ -185,6 +240,7 @@ KILN_SUBCOMMAND("bench", "model", "Offline engine throughput of a model (prefill
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
   sub.add_flag("--disable-overlap-schedule", a->no_overlap,
                "read each step's tokens before scheduling the next (default: the next step is queued first)");
+  add_speculative_options(sub, a->speculative);
   add_precision_options(sub, a->precision);
   sub.add_option("--json", a->json_out, "also write the results as JSON to this file");
   return [a] { return run_bench_model(*a); };

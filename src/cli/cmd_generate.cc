@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/speculative.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "kv/block_allocator.h"
@@ -27,6 +28,7 @@ struct GenerateArgs {
   bool json = false;
   bool enforce_eager = false;
   bool no_overlap = false;
+  SpeculativeFlags speculative;
 };
 
 int run_generate(GenerateArgs a) {
@@ -54,6 +56,7 @@ int run_generate(GenerateArgs a) {
   req.sampling.logprobs = true;
   if (!a.stop_token_ids.empty()) req.sampling.stop_token_ids = parse_ids(a.stop_token_ids, "--stop-token-ids");
   req.sampling.validate(INT32_MAX);  // flag errors before the model loads; the vocabulary is checked later
+  check_speculative_flags(a.speculative);
   LoadedModel m = load_model(a.model, a.device, a.precision);
 
   EngineConfig cfg;
@@ -67,6 +70,7 @@ int run_generate(GenerateArgs a) {
     cfg.kv.num_blocks = kv::blocks_for(
         std::min(static_cast<int64_t>(req.prompt.size()) + a.max_tokens, m.model->config().max_position_embeddings),
         a.block_size);
+  cfg.speculator = make_speculator(a.speculative, *m.model);
   Engine engine(*m.model, cfg);
   const std::vector<int32_t> prompt = req.prompt;
   RequestStream stream = engine.submit(std::move(req));
@@ -120,6 +124,7 @@ KILN_COMMAND("generate", "Generate a continuation of a prompt", [](CLI::App& sub
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
   sub.add_flag("--disable-overlap-schedule", a->no_overlap,
                "read each step's tokens before scheduling the next (default: the next step is queued first)");
+  add_speculative_options(sub, a->speculative);
   return [a] { return run_generate(*a); };
 });
 

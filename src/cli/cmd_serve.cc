@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
+#include "cli/speculative.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -33,6 +34,7 @@ struct ServeArgs {
   bool no_prefix_caching = false;
   bool enforce_eager = false;
   bool no_overlap = false;
+  SpeculativeFlags speculative;
 };
 
 int g_signal_pipe[2] = {-1, -1};
@@ -99,6 +101,7 @@ int run_serve(ServeArgs a) {
              "--reasoning-parser must be auto, on or off, got '{}'", a.reasoning);
   a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
 
+  check_speculative_flags(a.speculative);
   LoadedModel m = load_model(a.model, a.device, a.precision, a.load_format);
   if (static_cast<int64_t>(tokenizer.vocab_size()) > m.model->config().vocab_size)  // such prompts get a 400
     spdlog::warn("the tokenizer in {} has {} tokens, more than the model's vocabulary of {}", tokenizer_dir,
@@ -119,6 +122,7 @@ int run_serve(ServeArgs a) {
     ec.kv.memory_bytes = int64_t{256} << 20;
   else
     ec.kv.memory_fraction = a.kv_fraction;
+  ec.speculator = make_speculator(a.speculative, *m.model);
   Engine engine(*m.model, ec);
 
   if (a.served_name.empty()) a.served_name = std::filesystem::path(a.model).filename().string();
@@ -126,7 +130,7 @@ int run_serve(ServeArgs a) {
   a.cfg.model_name = a.served_name;
   a.cfg.model_aliases = {a.model};
   server::Server srv(engine, tokenizer, std::move(tmpl), a.cfg);
-  srv.metrics().set_kernel_plan(m.backend->kernel_plan());
+  srv.metrics().set_kernel_plan(with_speculation(m.backend->kernel_plan(), ec.speculator.get()));
   KILN_CHECK(srv.bind(), "cannot listen on {}:{} (in use, or not an address of this machine)", a.cfg.host, a.cfg.port);
   std::thread signals([&] {
     int sig = 0;
@@ -179,6 +183,7 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_flag("--enforce-eager", a->enforce_eager, "run decode steps op by op (no CUDA graphs)");
   sub.add_flag("--disable-overlap-schedule", a->no_overlap,
                "read each step's tokens before scheduling the next (default: the next step is queued first)");
+  add_speculative_options(sub, a->speculative);
   sub.add_option("--max-pending-requests", c.max_pending_requests, "requests in flight; more get 503")
       ->capture_default_str();
   sub.add_option("--http-threads", c.threads, "HTTP I/O threads, shared by every connection")->capture_default_str();

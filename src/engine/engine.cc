@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "ops/cpu/sampling.h"
 
 namespace kiln {
 
@@ -45,6 +46,17 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   for (int64_t id : c.eos_token_ids) eos_ids_.push_back(static_cast<int32_t>(id));
+  if (cfg_.speculator) {
+    const int64_t k = cfg_.speculator->num_draft_tokens();
+    KILN_CHECK(k >= 1, "speculative decoding: the number of draft tokens must be >= 1, got {}", k);
+    // Its cache holds at most what the pool does, plus each running sequence's drafts.
+    cfg_.speculator->size_cache(plan_.tokens() + cfg_.scheduler.max_num_seqs * (k + 1));
+    spec_.proposed_at.assign(static_cast<size_t>(k), 0);
+    spec_.accepted_at.assign(static_cast<size_t>(k), 0);
+    stats_.spec = spec_;
+    spdlog::info("speculative decoding: {} drafter, up to {} draft tokens per step (serial loop for its requests)",
+                 cfg_.speculator->name(), k);
+  }
   seed_rng_.seed(std::random_device{}());
   stats_.blocks_total = stats_.blocks_free = plan_.num_blocks;
   stats_.block_size = bs;
@@ -76,6 +88,8 @@ RequestStream Engine::submit(Request req) {
   const int64_t max_new = p.max_tokens < 0 ? max_model_len_ - n : p.max_tokens;
   KILN_CHECK(n + max_new <= max_model_len_, "prompt ({} tokens) + max_tokens ({}) exceed the context limit of {}", n,
              max_new, max_model_len_);
+  // Drafts reach position n + max_new - 2 at most (the last token is never drafted past).
+  const bool speculate = req.speculate && cfg_.speculator && n + max_new <= cfg_.speculator->max_len();
   std::vector<int32_t> stop_ids = p.stop_token_ids;
   if (!p.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
 
@@ -84,7 +98,9 @@ RequestStream Engine::submit(Request req) {
   const uint64_t id = next_id_++;
   if (!p.seed) p.seed = seed_rng_();
   auto state = std::make_shared<StreamState>(id);
-  inbox_.push_back(std::make_unique<Sequence>(id, std::move(req), max_new, std::move(stop_ids), state));
+  auto seq = std::make_unique<Sequence>(id, std::move(req), max_new, std::move(stop_ids), state);
+  if (speculate) seq->spec_tokens = cfg_.speculator->num_draft_tokens();
+  inbox_.push_back(std::move(seq));
   ++stats_.requests_submitted;
   busy_ = true;
   lock.unlock();
@@ -180,6 +196,13 @@ void Engine::loop() {
     const auto t_flush = Clock::now();
     flush();
     flush_seconds_ = since(t_flush);
+    // The server log's speculation line (vLLM logs its own every few seconds): every 10 s while
+    // verifying, and when the work runs out.
+    if (spec_.verifies > spec_logged_verifies_ && (since(spec_logged_at_) >= 10.0 || !scheduler_->has_work())) {
+      spdlog::info("{}", spec_summary(spec_));
+      spec_logged_verifies_ = spec_.verifies;
+      spec_logged_at_ = Clock::now();
+    }
     std::lock_guard lock(mu_);
     busy_ = inflight_ || scheduler_->has_work() || !inbox_.empty();
     if (!busy_) idle_.notify_all();
@@ -243,6 +266,10 @@ void Engine::intake() {
     // many top logprobs, prompt logprobs) or its latest tokens (penalties are counted on the host).
     s->overlap_safe = !s->constraint && p.top_logprobs <= ops::kMaxTopLogprobs && s->prompt_logprobs < 0 &&
                       p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+    // Speculation verifies on the host, so its requests take the serial loop; one that needs the
+    // host for its own sampling (constraint, penalties, prompt logprobs) decodes plainly.
+    if (!s->overlap_safe) s->spec_tokens = 0;
+    if (s->spec_tokens > 0) s->overlap_safe = false;
     unsafe_ += !s->overlap_safe;
     seqs_.emplace(s->id, std::move(seq));
     if (s->max_tokens == 0 && s->prompt_logprobs < 0)  // nothing to compute
@@ -266,14 +293,74 @@ void Engine::step_run(const SchedulerOutput& out) {
       finish(scheduler_->waiting_front(), FinishReason::Abort, "internal: the request does not fit the KV pool");
     return;
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<SampleResult> results = runner_->run(out);
-  forward_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  scheduler_->computed(out);
+  using Clock = std::chrono::steady_clock;
+  // Speculation: drafts for the rows that verify some, before the one target forward.
+  std::vector<SpecSeq> spec;
+  for (const ScheduledSeq& it : out.seqs) {
+    if (it.num_draft == 0) continue;
+    const Sequence& s = *it.seq;
+    spec.push_back({s.id, s.tokens, &s.sampler.params(), s.sampler.params().seed.value_or(0),
+                    static_cast<uint64_t>(s.num_output()), it.num_draft});
+  }
+  if (!spec.empty()) {
+    const auto t_draft = Clock::now();
+    std::vector<std::vector<int32_t>> drafts;
+    cfg_.speculator->draft(spec, drafts);
+    size_t i = 0;
+    for (const ScheduledSeq& it : out.seqs)
+      if (it.num_draft > 0) it.seq->drafts = std::move(drafts.at(i++));
+    spec_.draft_seconds += std::chrono::duration<double>(Clock::now() - t_draft).count();
+  }
+  const auto t0 = Clock::now();
+  std::vector<std::vector<float>> verify_logits;
+  const std::vector<SampleResult> results = runner_->run(out, &verify_logits);
+  std::vector<std::vector<int32_t>> emitted;
+  if (!spec.empty()) emitted = cfg_.speculator->verify(spec, verify_logits);
+  forward_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!spec.empty()) spec_.verify_seconds += forward_seconds_;
+  // The KV that stays: a verify row keeps its sampled row and the accepted drafts' rows; the
+  // rejected ones' slots are overwritten by later steps and never published (computed()
+  // publishes full blocks below num_computed only). The accepted drafts stand in the tokens
+  // while computed() publishes, so every published block holds known tokens.
+  SchedulerOutput kept = out;
+  size_t v = 0;
+  for (ScheduledSeq& it : kept.seqs) {
+    if (it.num_draft == 0) continue;
+    const std::vector<int32_t>& e = emitted.at(v++);
+    const auto accepted = static_cast<int64_t>(e.size()) - 1;
+    ++spec_.verifies;
+    spec_.draft_tokens += it.num_draft;
+    spec_.accepted_tokens += accepted;
+    for (int64_t j = 0; j < it.num_draft && j < static_cast<int64_t>(spec_.proposed_at.size()); ++j) {
+      ++spec_.proposed_at[static_cast<size_t>(j)];
+      spec_.accepted_at[static_cast<size_t>(j)] += j < accepted;
+    }
+    it.num_tokens += accepted;
+    it.num_draft = 0;
+    it.seq->drafts.clear();
+    it.seq->tokens.insert(it.seq->tokens.end(), e.begin(), e.end() - 1);
+  }
+  scheduler_->computed(kept);
+  for (const ScheduledSeq& it : out.seqs)  // appended again below, where stop conditions are checked
+    if (it.num_draft > 0) it.seq->tokens.resize(static_cast<size_t>(it.start + it.num_tokens));
   size_t r = 0;
+  v = 0;
   for (const ScheduledSeq& it : out.seqs) {
     if (!it.sample) continue;
     Sequence* s = it.seq;
+    if (it.num_draft > 0) {  // the verified tokens, one by one, while none finishes it
+      ++r;
+      const std::vector<float>& rows = verify_logits[v];
+      const std::vector<int32_t>& e = emitted[v++];
+      const auto V = static_cast<size_t>(model_.config().vocab_size);
+      for (size_t j = 0; j < e.size() && !s->finished(); ++j) {
+        s->append(scored(rows.data() + j * V, e[j], s->sampler.params()), max_model_len_);
+        extra_generated_ += j > 0;
+      }
+      touched_.push_back(s);
+      if (s->finished()) retire(s);
+      continue;
+    }
     if (s->max_tokens == 0) {  // prompt scoring only (prompt logprobs): the prefill was the work
       ++r;
       finish(s, FinishReason::Length);
@@ -284,6 +371,32 @@ void Engine::step_run(const SchedulerOutput& out) {
     if (s->finished()) retire(s);
   }
   if (cfg_.check_invariants) check_invariants();
+}
+
+std::string spec_summary(const SpecDecodeStats& s) {
+  if (s.verifies == 0) return "";
+  std::string per;
+  for (size_t i = 0; i < s.proposed_at.size(); ++i)
+    per += fmt::format(
+        "{}{:.3f}", i ? " " : "",
+        s.proposed_at[i] ? static_cast<double>(s.accepted_at[i]) / static_cast<double>(s.proposed_at[i]) : 0.0);
+  return fmt::format(
+      "speculative decoding: {} verifies, {} of {} drafts accepted ({:.3f}), mean accepted length {:.3f}, "
+      "acceptance per position [{}], draft {:.3f} s, verify {:.3f} s",
+      s.verifies, s.accepted_tokens, s.draft_tokens, s.acceptance_rate(), s.mean_accepted_length(), per,
+      s.draft_seconds, s.verify_seconds);
+}
+
+SampleResult Engine::scored(const float* logits, int32_t token, const SamplingParams& p) const {
+  // What the sample op reports for a token it drew: log-probabilities of the raw logits.
+  SampleResult r;
+  r.token = token;
+  if (!p.logprobs && p.top_logprobs == 0) return r;
+  const int64_t V = model_.config().vocab_size;
+  const float lse = ops::cpu::logsumexp_row(logits, V);
+  r.logprob = logits[token] - lse;
+  for (int32_t t : ops::cpu::top_n_row(logits, V, std::min(p.top_logprobs, V))) r.top.push_back({t, logits[t] - lse});
+  return r;
 }
 
 void Engine::check_invariants() const {
@@ -313,6 +426,7 @@ void Engine::finish(Sequence* seq, FinishReason reason, std::string error) {
 
 void Engine::retire(Sequence* seq) {
   scheduler_->remove(seq);
+  if (cfg_.speculator && seq->spec_tokens > 0) cfg_.speculator->release(seq->id);
   ++(*seq->finish_reason == FinishReason::Abort ? aborted_ : finished_);
 }
 
@@ -333,11 +447,13 @@ void Engine::publish_stats(const StepTimes& t, const SchedulerOutput& out, bool 
   s.forward_seconds += t.forward;
   s.post_seconds += t.post;
   s.device_seconds = device_seconds_;
+  s.spec = spec_;
   if (!out.empty()) {
     const double seconds = t.schedule + t.forward + t.post;
     ++s.steps;
     s.overlapped_steps += overlapped;
     for (const ScheduledSeq& it : out.seqs) s.generated_tokens += it.sample;
+    s.generated_tokens += std::exchange(extra_generated_, 0);  // verified tokens past each row's first
     if (out.prefill_tokens > 0) {
       ++s.prefill_steps;
       s.prefill_tokens += out.prefill_tokens;

@@ -4,6 +4,7 @@
 // talk to it only through submit(), the per-request streams and stats().
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/speculator.h"
 #include "engine/stream.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_sizing.h"
@@ -38,6 +40,24 @@ struct EngineConfig {
   // async scheduling) whenever every request allows it (Engine::intake says which do).
   bool overlap_schedule = true;
   bool check_invariants = false;  // check the allocator and prefix cache after every step (tests)
+  // Speculative decoding (null: off). Speculating requests run on the serial loop: the verifier
+  // needs each step's logits on the host before the next step's drafts.
+  std::shared_ptr<Speculator> speculator;
+};
+
+// Speculative decoding over the engine's life (all zero without a speculator).
+struct SpecDecodeStats {
+  int64_t verifies = 0;  // sequence verifications (one per speculating row per step)
+  int64_t draft_tokens = 0, accepted_tokens = 0;
+  std::vector<int64_t> proposed_at, accepted_at;  // [K]: per draft position
+  double draft_seconds = 0, verify_seconds = 0;   // drafting; steps with verify rows (their forward)
+  // Tokens a verification emits on average: accepted drafts + the final token.
+  double mean_accepted_length() const {
+    return verifies ? static_cast<double>(accepted_tokens + verifies) / static_cast<double>(verifies) : 0.0;
+  }
+  double acceptance_rate() const {
+    return draft_tokens ? static_cast<double>(accepted_tokens) / static_cast<double>(draft_tokens) : 0.0;
+  }
 };
 
 // A consistent snapshot, taken by the loop after each step.
@@ -61,7 +81,11 @@ struct EngineStats {
   // The device's time from each step's first queued op to its last: its busy time, in-step gaps
   // included (small with CUDA graphs).
   double device_seconds = 0;
+  SpecDecodeStats spec;
 };
+
+// One line of acceptance statistics for logs and reports ("" when nothing was verified).
+std::string spec_summary(const SpecDecodeStats& s);
 
 class Engine {
  public:
@@ -99,6 +123,8 @@ class Engine {
   // Waits for the step in flight and commits its tokens (adds to times' forward and post).
   void settle(StepTimes& times);
   void check_invariants() const;  // allocator, cache, and every block reference accounted for
+  // A verified token with the logprobs its request asks for, from its row of the target's logits.
+  SampleResult scored(const float* logits, int32_t token, const SamplingParams& p) const;
 
   DeepseekV3Model& model_;
   EngineConfig cfg_;
@@ -115,9 +141,13 @@ class Engine {
   std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
   std::vector<Sequence*> touched_;  // sequences with output to flush this iteration
   int64_t finished_ = 0, aborted_ = 0;
-  double forward_seconds_ = 0;                     // the last step_run's forward
-  double flush_seconds_ = 0;                       // the last flush, counted in the next step's post-processing
-  double device_seconds_ = 0;                      // the device's time on the steps settled so far
+  double forward_seconds_ = 0;        // the last step_run's forward
+  double flush_seconds_ = 0;          // the last flush, counted in the next step's post-processing
+  double device_seconds_ = 0;         // the device's time on the steps settled so far
+  SpecDecodeStats spec_;              // published with each step's stats
+  int64_t extra_generated_ = 0;       // tokens verify rows emitted past their first, not yet published
+  int64_t spec_logged_verifies_ = 0;  // spec_.verifies at the last log line
+  std::chrono::steady_clock::time_point spec_logged_at_ = std::chrono::steady_clock::now();
   std::optional<ModelRunner::InFlight> inflight_;  // the overlapped loop's step whose tokens are not read yet
   int64_t unsafe_ = 0;                             // requests (in seqs_) that rule the overlap out
 

@@ -41,11 +41,15 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out, const InFlight* prev
     KILN_CHECK(it != rows.end(), "internal: request {} has a pending token but no step in flight sampled it", s->id);
     return it->second;
   };
-  for (const ScheduledSeq& it : out.seqs)
-    b.max_blocks = std::max(b.max_blocks, kv::blocks_for(it.start + it.num_tokens, bs));
+  bool verify = false;
+  for (const ScheduledSeq& it : out.seqs) {
+    b.max_blocks = std::max(b.max_blocks, kv::blocks_for(it.start + it.num_tokens + it.num_draft, bs));
+    verify |= it.num_draft > 0;
+  }
   b.cu_q.push_back(0);
   for (const ScheduledSeq& it : out.seqs) {
     const Sequence& s = *it.seq;
+    if (verify) b.verify_rows.push_back(it.num_draft > 0);
     for (int64_t p = it.start; p < it.start + it.num_tokens; ++p) {
       const int32_t token = s.tokens[static_cast<size_t>(p)];
       pending |= token == kPendingToken;
@@ -56,9 +60,21 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out, const InFlight* prev
       if (wants_prompt_row(s, p)) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
     }
     if (it.sample) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    // Speculation: the drafts follow the sampled row, each scored too.
+    KILN_CHECK(it.num_draft == 0 || (it.sample && static_cast<int64_t>(s.drafts.size()) == it.num_draft),
+               "internal: request {} verifies {} drafts but has {}", s.id, it.num_draft, s.drafts.size());
+    for (int64_t j = 0; j < it.num_draft; ++j) {
+      const int64_t p = it.start + it.num_tokens + j;
+      b.tokens.push_back(s.drafts[static_cast<size_t>(j)]);
+      b.token_from.push_back(-1);
+      b.positions.push_back(static_cast<int32_t>(p));
+      b.slot_mapping.push_back(kv::slot_of(s.block_table, p, bs));
+      b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    }
+    const int64_t end = it.start + it.num_tokens + it.num_draft;
     b.cu_q.push_back(static_cast<int32_t>(b.tokens.size()));
-    b.kv_lens.push_back(static_cast<int32_t>(it.start + it.num_tokens));
-    const int64_t used = kv::blocks_for(it.start + it.num_tokens, bs);
+    b.kv_lens.push_back(static_cast<int32_t>(end));
+    const int64_t used = kv::blocks_for(end, bs);
     b.block_tables.insert(b.block_tables.end(), s.block_table.begin(), s.block_table.begin() + used);
     b.block_tables.insert(b.block_tables.end(), static_cast<size_t>(b.max_blocks - used), 0);
   }
@@ -71,6 +87,8 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out, const InFlight* prev
 
 ModelRunner::InFlight ModelRunner::launch(const SchedulerOutput& out, const InFlight* prev) {
   ops::Backend& be = model_.backend();
+  for (const ScheduledSeq& it : out.seqs)
+    KILN_CHECK(it.num_draft == 0, "internal: the overlapped loop got request {} with drafts to verify", it.seq->id);
   InFlight step;
   step.start = be.mark();
   const ForwardBatch batch = build(out, prev);
@@ -92,7 +110,7 @@ std::vector<SampleResult> ModelRunner::collect(const InFlight& step) {
   return results;
 }
 
-std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
+std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out, std::vector<std::vector<float>>* verify) {
   ops::Backend& be = model_.backend();
   const auto start = be.mark();
   const ForwardBatch batch = build(out);
@@ -105,7 +123,9 @@ std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
   for (const ScheduledSeq& it : out.seqs) {
     for (int64_t p = it.start; p < it.start + it.num_tokens; ++p)
       if (wants_prompt_row(*it.seq, p)) row_seq.push_back(it.seq), row_sampled.push_back(0);
-    if (it.sample) row_seq.push_back(it.seq), row_sampled.push_back(1);
+    // A verify row's 1 + num_draft rows go to the verifier (row_sampled 2), not to the sampler.
+    if (it.sample) row_seq.push_back(it.seq), row_sampled.push_back(it.num_draft > 0 ? 2 : 1);
+    for (int64_t j = 0; j < it.num_draft; ++j) row_seq.push_back(it.seq), row_sampled.push_back(2);
   }
   const auto rows = static_cast<int64_t>(row_seq.size());
   auto host_only = [](const Sequence& s) {
@@ -117,7 +137,7 @@ std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
   std::vector<const Sequence*> dev_seqs;
   for (int64_t r = 0; r < rows; ++r) {
     const Sequence* s = row_seq[static_cast<size_t>(r)];
-    if (row_sampled[static_cast<size_t>(r)] && !host_only(*s)) dev_rows.push_back(r), dev_seqs.push_back(s);
+    if (row_sampled[static_cast<size_t>(r)] == 1 && !host_only(*s)) dev_rows.push_back(r), dev_seqs.push_back(s);
   }
   std::vector<SampleResult> drawn(static_cast<size_t>(rows));
   if (!dev_rows.empty()) {
@@ -147,6 +167,15 @@ std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out) {
     for (int64_t p = it.start; p < it.start + it.num_tokens; ++p)
       if (wants_prompt_row(s, p)) record_prompt_logprob(s, p, fetch(r++));
     if (!it.sample) continue;
+    if (it.num_draft > 0) {  // [1 + num_draft, V] to the host for the verifier; no result of its own
+      KILN_CHECK(verify, "internal: request {} has drafts to verify but the caller takes no verify logits", s.id);
+      std::vector<float> rows_here(static_cast<size_t>((1 + it.num_draft) * V));
+      be.download(rows_here.data(), Tensor{logits.f32() + r * V, DType::F32, {1 + it.num_draft, V}, logits.device});
+      verify->push_back(std::move(rows_here));
+      r += 1 + it.num_draft;
+      results.emplace_back();
+      continue;
+    }
     if (!host_only(s)) {
       results.push_back(std::move(drawn[static_cast<size_t>(r++)]));
       continue;

@@ -21,8 +21,10 @@ class ModelRunner {
   ModelRunner(DeepseekV3Model& model, LatentKvPool& pool, MlaForm form = MlaForm::Auto)
       : model_(model), pool_(pool), form_(form) {}
 
-  // Runs one step; returns one result per scheduled sequence with `sample` set, in order.
-  std::vector<SampleResult> run(const SchedulerOutput& out);
+  // Runs one step; returns one result per scheduled sequence with `sample` set, in order. A row
+  // with drafts (num_draft > 0) gets an empty result; its logits [1 + num_draft, vocab] are
+  // appended to `verify` instead, in order, for the speculator.
+  std::vector<SampleResult> run(const SchedulerOutput& out, std::vector<std::vector<float>>* verify = nullptr);
 
   // A step queued on the backend whose sampled tokens the host has not read yet (the overlapped
   // loop). Every sampled row of such a step is sampled on the backend, and no row wants its

@@ -41,6 +41,10 @@ struct Request {
   // prefix cache (cached positions have no logits). With sampling.max_tokens 0 the request only
   // scores its prompt: the prefill runs and it finishes (length) without output tokens.
   int64_t prompt_logprobs = -1;
+  // May use the engine's speculative decoding (EngineConfig::speculator). Requests whose sampling
+  // needs the host's view of every step (logprobs, penalties, constraints, prompt logprobs)
+  // decode plainly whatever this says.
+  bool speculate = true;
 };
 
 // New output since the previous chunk; the last chunk of a request has `finish` set.

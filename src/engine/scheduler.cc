@@ -27,10 +27,16 @@ int64_t Scheduler::chunk(const Sequence* seq, int64_t budget) const {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = cfg_.max_batched_tokens;
-  auto take = [&](Sequence* s, int64_t n) {
-    out.seqs.push_back({s, s->num_computed, n, s->num_computed + n == s->len(), s->decoding});
-    (s->decoding ? out.decode_tokens : out.prefill_tokens) += n;
-    budget -= n;
+  auto take = [&](Sequence* s, int64_t n, int64_t k = 0) {
+    out.seqs.push_back({s, s->num_computed, n, s->num_computed + n == s->len(), s->decoding, k});
+    (s->decoding ? out.decode_tokens : out.prefill_tokens) += n + k;
+    budget -= n + k;
+  };
+  // Drafts a speculating decode row verifies: never more than the tokens it may still emit
+  // after the sampled one, nor than the step's budget.
+  auto drafts = [&](const Sequence* s, int64_t n) -> int64_t {
+    if (!s->decoding || n != 1 || s->spec_tokens <= 0) return 0;
+    return std::max<int64_t>(0, std::min({s->spec_tokens, s->max_tokens - s->num_output() - 1, budget - 1}));
   };
 
   // Running sequences, oldest first. One that cannot grow preempts the newest until it can (or
@@ -42,9 +48,9 @@ SchedulerOutput Scheduler::schedule() {
       ++i;
       continue;
     }
-    const int64_t n = chunk(s, budget);
+    const int64_t n = chunk(s, budget), k = drafts(s, n);
     bool fits = true;
-    while (!reserve(s, s->num_computed + n)) {
+    while (!reserve(s, s->num_computed + n + k)) {
       Sequence* victim = running_.back();
       preempt(victim);
       preempted = true;
@@ -54,7 +60,7 @@ SchedulerOutput Scheduler::schedule() {
       }
     }
     if (!fits) break;
-    take(s, n);
+    take(s, n, k);
     ++i;
   }
 

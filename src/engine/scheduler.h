@@ -32,6 +32,9 @@ struct ScheduledSeq {
   int64_t num_tokens = 0;  // new tokens this step: [start, start + num_tokens)
   bool sample = false;     // reaches the end of the sequence: its last row is sampled
   bool decode = false;     // a decode step (else a prefill chunk, or a recompute)
+  // Speculation: drafts verified after the sampled row, at positions [start + num_tokens,
+  // + num_draft); their KV slots are reserved, their tokens are seq->drafts.
+  int64_t num_draft = 0;
 };
 
 struct SchedulerOutput {

@@ -67,6 +67,9 @@ struct Sequence {
   void resolve(int64_t pos, const SampleResult& r, int64_t max_len);
   int64_t steps_in_flight = 0;  // launched steps with this sequence whose results are not in yet
   bool overlap_safe = true;     // its sampling needs nothing from the host between steps
+  // Speculation: the most drafts verified per decode step (0: plain decoding), and this step's.
+  int64_t spec_tokens = 0;
+  std::vector<int32_t> drafts;
   // Marks it finished (no-op when it already is) and fills the usage fields of `pending`.
   void finish(FinishReason reason, std::string error = {});
 };

@@ -24,6 +24,10 @@ struct ForwardBatch {
   // Empty: every token is in `tokens`.
   std::vector<int32_t> token_from;       // [T] or empty
   const int32_t* prev_tokens = nullptr;  // on the backend: the earlier step's sampled tokens
+  // [B] or empty: 1 where a multi-token row verifies speculative drafts. Under MlaForm::Auto it
+  // attends in the absorbed form, as the one-token decode rows it stands in for do, so verifying
+  // computes what plain decoding would (the expanded form rounds differently).
+  std::vector<uint8_t> verify_rows;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }

@@ -36,7 +36,13 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
 
   // Each sequence's form: decode rows (one new token) attend over the latent cache in the absorbed
   // form; prompt chunks expand their own context only. A forced form applies to every sequence.
-  auto absorbed = [&](int64_t b) { return form == MlaForm::Absorbed || (form == MlaForm::Auto && q_len(b) == 1); };
+  // Speculative verify rows (several new tokens at the end of a decoding sequence) count as decode rows.
+  KILN_CHECK(batch.verify_rows.empty() || static_cast<int64_t>(batch.verify_rows.size()) == B,
+             "malformed ForwardBatch: verify_rows has {} entries for {} sequences", batch.verify_rows.size(), B);
+  auto verify = [&](int64_t b) { return !batch.verify_rows.empty() && batch.verify_rows[static_cast<size_t>(b)]; };
+  auto absorbed = [&](int64_t b) {
+    return form == MlaForm::Absorbed || (form == MlaForm::Auto && (q_len(b) == 1 || verify(b)));
+  };
   std::vector<int64_t> order;  // new sequence index -> the batch's
   for (int pass = 0; pass < 2; ++pass)
     for (int64_t b = 0; b < B; ++b)

@@ -110,10 +110,28 @@ std::string Metrics::render(const EngineStats& s, const std::string& model) cons
           "Device time from each engine step's first queued op to its last (its rate: the busy fraction)",
           s.device_seconds);
   counter(out, "kiln_requests_aborted_total", "Requests the engine aborted (cancelled or failed)", s.requests_aborted);
-  // The engine has no speculative decoding yet: these stay 0 until a drafter is configured.
-  counter(out, "kiln_spec_decode_draft_tokens_total", "Draft tokens proposed", 0);
-  counter(out, "kiln_spec_decode_accepted_tokens_total", "Draft tokens accepted", 0);
-  gauge(out, "kiln_spec_decode_acceptance_rate", "Accepted / proposed draft tokens", 0);
+  // Speculative decoding (all 0 without --speculative-algorithm).
+  const SpecDecodeStats& sd = s.spec;
+  counter(out, "kiln_spec_decode_draft_tokens_total", "Draft tokens proposed", sd.draft_tokens);
+  counter(out, "kiln_spec_decode_accepted_tokens_total", "Draft tokens accepted", sd.accepted_tokens);
+  gauge(out, "kiln_spec_decode_acceptance_rate", "Accepted / proposed draft tokens", sd.acceptance_rate());
+  counter(out, "kiln_spec_decode_verifies_total", "Sequence verifications (speculating rows of engine steps)",
+          sd.verifies);
+  gauge(out, "kiln_spec_decode_mean_accepted_length", "Tokens emitted per verification (accepted drafts + 1)",
+        sd.mean_accepted_length());
+  out += "# HELP kiln_spec_decode_position_accepted_total Drafts accepted at each draft position (0-based)\n";
+  out += "# TYPE kiln_spec_decode_position_accepted_total counter\n";
+  for (size_t i = 0; i < sd.accepted_at.size(); ++i)
+    out += fmt::format("kiln_spec_decode_position_accepted_total{{position=\"{}\"}} {}\n", i, sd.accepted_at[i]);
+  out += "# HELP kiln_spec_decode_position_proposed_total Drafts proposed at each draft position (0-based)\n";
+  out += "# TYPE kiln_spec_decode_position_proposed_total counter\n";
+  for (size_t i = 0; i < sd.proposed_at.size(); ++i)
+    out += fmt::format("kiln_spec_decode_position_proposed_total{{position=\"{}\"}} {}\n", i, sd.proposed_at[i]);
+  out +=
+      "# HELP kiln_spec_decode_seconds_total Speculative decoding time: draft (the drafter), verify (target steps)\n";
+  out += "# TYPE kiln_spec_decode_seconds_total counter\n";
+  out += fmt::format("kiln_spec_decode_seconds_total{{phase=\"draft\"}} {}\n", sd.draft_seconds);
+  out += fmt::format("kiln_spec_decode_seconds_total{{phase=\"verify\"}} {}\n", sd.verify_seconds);
   out += "# HELP kiln_kernel_plan_info The implementation serving each op (value is always 1)\n";
   out += "# TYPE kiln_kernel_plan_info gauge\n";
   for (const auto& [op, impl] : plan_)

@@ -38,6 +38,9 @@ class Drafter {
   virtual void rollback(int64_t seq_id, int64_t keep) = 0;
   // The sequence is finished: its state is freed.
   virtual void release(int64_t seq_id) = 0;
+  // How many tokens of context the caller keeps in flight at most (the engine: its KV pool and
+  // K per sequence); a drafter with a cache of its own sizes it from this, dropping any state.
+  virtual void size_cache(int64_t /*tokens*/) {}
 };
 
 }  // namespace kiln::spec

@@ -1,6 +1,7 @@
 // bench/metrics.h: each figure from hand-made records, as vLLM and SGLang define it.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include "bench/metrics.h"
 
 namespace kiln::bench {
@@ -136,6 +137,29 @@ TEST(BenchMetrics, EnginePhasesFromAKilnMetricsPage) {
   EXPECT_FALSE(parse_engine_phases("vllm:num_requests_running 3\n# kiln_engine_steps_total 4\n").has_value());
   EXPECT_FALSE(parse_engine_phases("").has_value());
   EXPECT_FALSE(engine_phases_between(before, std::nullopt).has_value());
+}
+
+TEST(BenchMetrics, SpeculativeDecodingCountersFromAKilnMetricsPage) {
+  auto page = [](int verifies, int drafted, int accepted, double draft_s) {
+    return fmt::format(
+        "kiln_engine_steps_total 10\nkiln_spec_decode_verifies_total {}\nkiln_spec_decode_draft_tokens_total {}\n"
+        "kiln_spec_decode_accepted_tokens_total {}\nkiln_spec_decode_acceptance_rate 0.5\n"
+        "kiln_spec_decode_seconds_total{{phase=\"draft\"}} {}\nkiln_spec_decode_seconds_total{{phase=\"verify\"}} 3\n",
+        verifies, drafted, accepted, draft_s);
+  };
+  const auto d =
+      engine_phases_between(parse_engine_phases(page(10, 40, 20, 1)), parse_engine_phases(page(30, 120, 50, 2.5)));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_DOUBLE_EQ(d->spec_verifies, 20);
+  EXPECT_DOUBLE_EQ(d->spec_draft_tokens, 80);
+  EXPECT_DOUBLE_EQ(d->spec_accepted_tokens, 30);
+  EXPECT_DOUBLE_EQ(d->spec_draft_s, 1.5);
+  EXPECT_DOUBLE_EQ(d->spec_verify_s, 0);
+  PointSummary s;
+  s.engine = d;
+  const nlohmann::json j = to_json(s)["engine"]["speculative"];
+  EXPECT_DOUBLE_EQ(j["mean_accepted_length"].get<double>(), 2.5);  // (30 accepted + 20 final tokens) / 20
+  EXPECT_DOUBLE_EQ(j["acceptance_rate"].get<double>(), 30.0 / 80.0);
 }
 
 }  // namespace

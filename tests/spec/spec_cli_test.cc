@@ -1,0 +1,79 @@
+// The speculative-decoding flags of `kiln generate` and `kiln bench model` on the bundled models:
+// the same greedy ids with and without a draft model, the statistics in bench model's table and
+// JSON, and clear refusals of what is not built or not consistent.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+
+namespace kiln::test {
+namespace {
+
+std::string model(const std::string& name) {
+  return (repo_root() / "models" / name).string();
+}
+const std::string kDraft = " --speculative-algorithm draft --speculative-model " + model("kiln-tiny-draft");
+
+nlohmann::json last_json_line(const std::string& out) {
+  const size_t start = out.rfind("\n{");
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+TEST(SpecCli, GenerateGivesTheSameGreedyIdsWithADraftModel) {
+  const std::string base = "generate --device cpu --model " + model("kiln-tiny") +
+                           " --prompt-ids 0,3280,759,1356,1142 --max-tokens 20 --temperature 0 --json";
+  const RunResult plain = run_kiln(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const RunResult spec = run_kiln(base + kDraft + " --speculative-num-tokens 3");
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  const auto a = last_json_line(plain.out), b = last_json_line(spec.out);
+  EXPECT_EQ(a["output_ids"], b["output_ids"]);
+  ASSERT_EQ(b["logprobs"].size(), b["output_ids"].size());  // verified tokens carry logprobs too
+  for (size_t i = 0; i < a["logprobs"].size(); ++i)
+    EXPECT_NEAR(a["logprobs"][i].get<double>(), b["logprobs"][i].get<double>(), 1e-3) << "token " << i;
+}
+
+TEST(SpecCli, BenchModelReportsAcceptance) {
+  const std::string json = (std::filesystem::temp_directory_path() / "kiln_spec_bench_model_test.json").string();
+  const RunResult r = run_kiln("bench model --model " + model("kiln-tiny") +
+                               " --batch-sizes 1,2 --prompt-len 8 --decode-steps 12 --no-warmup --json " + json +
+                               kDraft + " --speculative-num-tokens 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("acceptance per draft position"), std::string::npos) << r.out;
+  std::ifstream f(json);
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["speculative"]["algorithm"], "draft");
+  EXPECT_EQ(j["speculative"]["num_tokens"], 2);
+  for (const auto& row : j["results"]) {
+    const auto& s = row["speculative"];
+    EXPECT_GT(s["verifies"].get<int64_t>(), 0);
+    EXPECT_LE(s["accepted_tokens"].get<int64_t>(), s["draft_tokens"].get<int64_t>());
+    EXPECT_EQ(s["proposed_at"].size(), 2u);
+    EXPECT_GE(s["mean_accepted_length"].get<double>(), 1.0);
+  }
+}
+
+TEST(SpecCli, RefusesWhatIsNotBuiltOrInconsistent) {
+  const std::string base = "generate --device cpu --model " + model("kiln-tiny") + " --prompt-ids 0,5 --max-tokens 2";
+  for (const char* algo : {"mtp", "dspark"}) {
+    const RunResult r = run_kiln(base + " --speculative-algorithm " + algo);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("not built yet"), std::string::npos) << r.out;
+  }
+  const RunResult no_model = run_kiln(base + " --speculative-algorithm draft");
+  EXPECT_NE(no_model.exit_code, 0);
+  EXPECT_NE(no_model.out.find("--speculative-model"), std::string::npos) << no_model.out;
+  const RunResult no_algo = run_kiln(base + " --speculative-model " + model("kiln-tiny-draft"));
+  EXPECT_NE(no_algo.exit_code, 0);
+  EXPECT_NE(no_algo.out.find("--speculative-algorithm"), std::string::npos) << no_algo.out;
+  const RunResult bad_k = run_kiln(base + kDraft + " --speculative-num-tokens 0");
+  EXPECT_NE(bad_k.exit_code, 0);
+  EXPECT_NE(bad_k.out.find("--speculative-num-tokens"), std::string::npos) << bad_k.out;
+}
+
+}  // namespace
+}  // namespace kiln::test
