@@ -29,4 +29,21 @@ double Backend::elapsed_seconds(const std::shared_ptr<void>& a, const std::share
   return std::chrono::duration<double>(*static_cast<const T*>(b.get()) - *static_cast<const T*>(a.get())).count();
 }
 
+void Backend::expert_slice(const ExpertSliceParams& p) {
+  if (p.n == 0) return;
+  const Tensor ids{p.topk_ids, DType::I32, {p.n}, device()}, wts{p.topk_weights, DType::F32, {p.n}, device()};
+  std::vector<int32_t> id(static_cast<size_t>(p.n));
+  std::vector<float> w(static_cast<size_t>(p.n));
+  download(id.data(), ids);
+  download(w.data(), wts);
+  for (size_t i = 0; i < id.size(); ++i) {
+    const int64_t local = id[i] - p.begin;
+    const bool mine = local >= 0 && local < p.count;
+    id[i] = mine ? static_cast<int32_t>(local) : 0;
+    if (!mine) w[i] = 0.0f;
+  }
+  upload(ids, id.data());
+  upload(wts, w.data());
+}
+
 }  // namespace kiln::ops

@@ -11,10 +11,14 @@ namespace kiln::ops {
 
 struct EmbeddingParams {
   const int32_t* ids;  // [num_tokens]
-  const void* table;   // [vocab, hidden]
+  const void* table;   // [vocab, hidden]: the rows of ids [vocab_begin, vocab_begin + vocab)
   DType table_dtype;
   float* out;  // [num_tokens, hidden]
   int64_t num_tokens, vocab, hidden;
+  // A vocabulary-parallel rank's slice of the table: id i reads row i - vocab_begin, and ids
+  // outside the slice give zero rows (another rank holds them; the ranks' rows are then summed).
+  int64_t vocab_begin = 0;
+  bool zero_outside = false;
 };
 
 struct RmsNormParams {
@@ -279,6 +283,15 @@ struct MoeParams {
   // Optional addend (the residual stream joining the FFN's output): out[t] += add[t]. Must not
   // overlap out.
   const float* add = nullptr;  // [num_tokens, hidden]
+};
+
+// Expert parallelism: keeps the routed choices of this rank's experts [begin, begin + count), in
+// place. A chosen expert inside the range becomes its local index (id - begin); one outside gets
+// weight 0 and local index 0, so moe() over the local experts adds nothing for it.
+struct ExpertSliceParams {
+  int32_t* topk_ids;    // [n]
+  float* topk_weights;  // [n]
+  int64_t n, begin, count;
 };
 
 // Row-wise log-softmax.

@@ -457,6 +457,13 @@ bool cuda_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+void set_cuda_device(int device) {
+  int n = 0;
+  KILN_REQUIRE(cudaGetDeviceCount(&n) == cudaSuccess && device >= 0 && device < n,
+               "GPU " + std::to_string(device) + " is not visible (" + std::to_string(n) + " GPUs)");
+  KILN_CUDA_CHECK(cudaSetDevice(device));
+}
+
 std::unique_ptr<Backend> make_cuda_backend() {
   KILN_REQUIRE(cuda_available(), "--device cuda: no CUDA GPU is visible");
   return std::make_unique<CudaBackend>();
