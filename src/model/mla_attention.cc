@@ -9,13 +9,12 @@ namespace kiln {
 void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending, float* out, const StepInputs& in,
                                 LatentKvPool& pool) {
   const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
-  const int64_t T = in.T, H = c_.hidden_size, nh = c_.num_attention_heads, nope = c_.qk_nope_head_dim,
-                rope = c_.qk_rope_head_dim, qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank,
-                row = c_.kv_row_dim();
+  const int64_t T = in.T, H = c_.hidden_size, nh = nh_, nope = c_.qk_nope_head_dim, rope = c_.qk_rope_head_dim,
+                qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank, row = c_.kv_row_dim();
   const float eps = static_cast<float>(c_.rms_norm_eps);
 
   // One projection of x feeds both q (or q LoRA's q_a) and the latent row: qkv [T, nq + row].
-  const int64_t nq = qkv_a_q_rows(c_), ld = nq + row;
+  const int64_t nq = c_.q_lora_rank > 0 ? c_.q_lora_rank : nh * qk, ld = nq + row;  // this rank's q_proj rows
   OwnedTensor qkv = scratch(T, ld);
   ops::LinearParams qkv_a{x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H};
   qkv_a.norm_weight = w.input_norm.t.data, qkv_a.norm_weight_dtype = w.input_norm.t.dtype, qkv_a.norm_eps = eps;
@@ -74,7 +73,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
   // out rows [t0, t0 + n) = o_proj(o rows) + pending rows.
   auto o_proj = [&](int64_t t0, int64_t n) {
     ops::LinearParams p{o.f32() + t0 * nh * vd, 0, w.o_proj.t.data, w.o_proj.t.dtype, out + t0 * H, 0, n, H, nh * vd};
-    p.add = pending ? pending + t0 * H : nullptr;
+    p.add = pending && shard_.rank == 0 ? pending + t0 * H : nullptr;  // split: rank 0 adds, the sum the rest
     return p;
   };
 
@@ -123,6 +122,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
                       .k_pe_stride = row});
     be_.linear(o_proj(t0, Tx));
   }
+  all_reduce(out, T * H);  // the heads' partial o_proj sums (a no-op on one rank)
 }
 
 }  // namespace kiln

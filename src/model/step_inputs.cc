@@ -3,12 +3,12 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "model/step_inputs.h"
 
 namespace kiln {
 
-DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
-                                                           MlaForm form, int64_t pad_to, OwnedTensor* buffer) {
+void DeepseekV3Model::check_batch(const ForwardBatch& batch, const LatentKvPool& pool) const {
   const int64_t T = batch.num_tokens(), B = batch.num_seqs(), V = c_.vocab_size;
   KILN_CHECK(T > 0 && B > 0, "forward needs at least one token");
   KILN_CHECK(static_cast<int64_t>(batch.cu_q.size()) == B + 1 && batch.cu_q.front() == 0 && batch.cu_q.back() == T &&
@@ -17,14 +17,20 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
                  static_cast<int64_t>(batch.block_tables.size()) == B * batch.max_blocks,
              "malformed ForwardBatch: {} tokens, {} sequences", T, B);
   for (int32_t id : batch.tokens) KILN_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-  const bool take = !batch.token_from.empty();
-  KILN_CHECK(!take || (static_cast<int64_t>(batch.token_from.size()) == T && batch.prev_tokens),
+  KILN_CHECK(batch.token_from.empty() || (static_cast<int64_t>(batch.token_from.size()) == T && batch.prev_tokens),
              "malformed ForwardBatch: token_from has {} entries for {} tokens", batch.token_from.size(), T);
   for (int32_t s : batch.slot_mapping)
     KILN_CHECK(s >= 0 && s < pool.num_slots(), "slot {} is outside the KV pool ({} slots)", s, pool.num_slots());
   for (int32_t p : batch.positions)
     KILN_CHECK(p >= 0 && p < c_.max_position_embeddings, "position {} exceeds max_position_embeddings {}", p,
                c_.max_position_embeddings);
+}
+
+DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
+                                                           MlaForm form, int64_t pad_to, OwnedTensor* buffer) {
+  check_batch(batch, pool);
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs();
+  const bool take = !batch.token_from.empty();
   auto q_len = [&](int64_t b) { return batch.cu_q[static_cast<size_t>(b + 1)] - batch.cu_q[static_cast<size_t>(b)]; };
   bool all_single = true;
   for (int64_t b = 0; b < B; ++b) {
@@ -97,7 +103,10 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
   };
   in.ids = view(lay.ids, {Tp});
   // The earlier step's sampled tokens, still on the device, replace their stand-ins.
-  if (take) be_.take_tokens({in.ids.t.as<int32_t>(), in.buffer.t.as<int32_t>() + lay.from, batch.prev_tokens, Tp});
+  // On a split model they are on rank 0's device: rank 0 takes them and hands every rank the ids.
+  if (take && shard_.rank == 0)
+    be_.take_tokens({in.ids.t.as<int32_t>(), in.buffer.t.as<int32_t>() + lay.from, batch.prev_tokens, Tp});
+  if (take && shard_.sharded()) shard_.comm->broadcast(in.ids.t.data, static_cast<size_t>(Tp), DType::I32, 0);
   in.pos = view(lay.pos, {Tp});
   in.slots = view(lay.slots, {Tp});
   in.cu_q = view(lay.cu_q, {Bp + 1});
