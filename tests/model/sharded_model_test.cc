@@ -169,3 +169,40 @@ TEST(ShardedModel, BadBatchIsRefusedAndTheGroupLivesOn) {
 
 }  // namespace
 }  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// `kiln score` and `kiln generate` take --tp and --enable-expert-parallel (the engine unchanged)
+// and print what one device prints: logprobs within 1e-4, the same greedy tokens.
+TEST(ShardedCli, ScoreAndGenerateMatchOneDevice) {
+  const std::string dir = data_path("fixtures/h12_qlora_grouped_yarn");
+  auto ids = read_json(dir + "/expected.json")["ids"].get<std::vector<int>>();
+  ids.resize(12);
+  auto score = [&](const std::string& flags) {
+    auto r = run_kiln("score --model " + dir + " --ids " + join_ids(ids) + " --json " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return nlohmann::json::parse(r.out.substr(r.out.find("{\"ids\"")))["logprobs"];
+  };
+  const auto one = score("");
+  for (const std::string flags : {"--tp 2", "--tp 4", "--tp 2 --enable-expert-parallel"}) {
+    const auto many = score(flags);
+    ASSERT_EQ(many.size(), one.size()) << flags;
+    for (size_t i = 1; i < one.size(); ++i)
+      EXPECT_NEAR(many[i].get<double>(), one[i].get<double>(), 1e-4) << flags << " token " << i;
+  }
+  auto generate = [&](const std::string& flags) {
+    auto r = run_kiln("generate --model " + dir + " --prompt-ids " + join_ids(ids) +
+                      " --max-tokens 6 --temperature 0 --ignore-eos --json " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return nlohmann::json::parse(r.out.substr(r.out.find("{\"")))["output_ids"].get<std::vector<int>>();
+  };
+  EXPECT_EQ(generate("--tp 4"), generate(""));
+  // A split the model cannot take is refused by name, before anything loads.
+  auto bad = run_kiln("score --model " + data_path("fixtures/h5_noqlora_dense2_odd") + " --ids 1,2 --tp 2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--tp 2: the model's 5 attention heads do not split evenly"), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace kiln::test
