@@ -10,8 +10,11 @@
 
 #include "core/error.h"
 #include "dist/sharded_model.h"
+#include "dist/sharded_weights.h"
+#include "dist/weight_shard.h"
 #include "engine/sampler.h"
 #include "model/deepseek_v3.h"
+#include "model/weight_layout.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -21,6 +24,10 @@ struct Split {
   const char* name;
   int world, ep;
 };
+void PrintTo(const Split& s, std::ostream* os) {
+  *os << s.name;
+}
+
 constexpr Split kSplits[] = {{"tp2", 2, 1}, {"tp4", 4, 1}, {"ep2", 2, 2}, {"tp2_in_ep2", 4, 2}};
 
 dist::ShardedModel load_split(const std::string& dir, const Split& s) {
@@ -202,6 +209,49 @@ TEST(ShardedCli, ScoreAndGenerateMatchOneDevice) {
   auto bad = run_kiln("score --model " + data_path("fixtures/h5_noqlora_dense2_odd") + " --ids 1,2 --tp 2");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("--tp 2: the model's 5 attention heads do not split evenly"), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// What a rank allocates for weights is what weight_shard() (and so `kiln plan`) says it holds:
+// every rank, every split, every fixture; the vocabulary padding and W_uk^T (a transposed copy of
+// kv_b's rows the absorbed form reads) aside.
+TEST(ShardedWeights, EachRankHoldsExactlyItsShards) {
+  for (const auto& dir : fixture_dirs()) {
+    const ModelConfig c = load_model_config(dir + "/config.json");
+    Checkpoint ckpt(dir);
+    for (const Split& split : kSplits) {
+      dist::ParallelConfig p;
+      p.world_size = p.tp = split.world;
+      p.ep = split.ep;
+      std::unique_ptr<dist::ParallelLayout> layout;
+      try {
+        layout = std::make_unique<dist::ParallelLayout>(p, c);
+      } catch (const Error&) {
+        continue;  // a split this model cannot take (LogprobsMatchOneDevice checks the refusal)
+      }
+      for (int r = 0; r < split.world; ++r) {
+        int64_t want = 0;
+        for (const auto& w : weight_layout(c))
+          if (!w.mtp) want += dist::shard_numel(w, dist::weight_shard(w, c, *layout, r));
+        auto be = ops::make_cpu_backend();
+        const ModelWeights mw = dist::load_rank_weights(c, ckpt, *be, *layout, r);
+        const int64_t pad = (layout->vocab_per_rank() - layout->share(r).vocab.size()) * c.hidden_size;
+        int64_t got = mw.embed.t.numel() - pad + mw.final_norm.t.numel();
+        if (!c.tie_word_embeddings) got += mw.lm_head.t.numel() - pad;
+        for (const LayerWeights& l : mw.layers)
+          for (const OwnedTensor* t : {&l.input_norm, &l.post_attn_norm, &l.qkv_a, &l.q_a_norm, &l.q_b, &l.kv_a_norm,
+                                       &l.kv_b, &l.o_proj, &l.mlp_gate_up, &l.mlp_down, &l.shared_gate_up,
+                                       &l.shared_down, &l.router, &l.router_bias, &l.experts_gate_up, &l.experts_down})
+            if (t->mem) got += t->t.numel();
+        EXPECT_EQ(got, want) << dir << " " << split.name << " rank " << r;
+      }
+    }
+  }
 }
 
 }  // namespace
