@@ -131,6 +131,10 @@ void add_parallel_options(CLI::App& sub, Parallel& p) {
       ->capture_default_str();
   sub.add_flag("--enable-expert-parallel", p.expert_parallel,
                "whole routed experts per rank (expert parallelism over the --tp ranks) instead of a slice of each");
+  sub.add_option("--dcp", p.dcp,
+                 "decode context parallelism: each sequence's latent KV split by token over the ranks (for now "
+                 "equal to --tp, CPU backend)")
+      ->capture_default_str();
 }
 
 namespace {
@@ -143,6 +147,7 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
   dist::ShardedModelOptions o;
   o.parallel.world_size = o.parallel.tp = parallel.tp;
   o.parallel.ep = parallel.expert_parallel ? parallel.tp : 1;
+  o.parallel.dcp = parallel.dcp;
   o.make_backend = [device](int) { return make_backend(device); };
   if (cuda) {  // one GPU per rank, NCCL between them
     o.thread_init = [](int rank) { ops::set_cuda_device(rank); };
@@ -160,7 +165,8 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
 
 LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed,
                          const Parallel& parallel) {
-  if (parallel.tp != 1 || parallel.expert_parallel) return load_split(config, "", device, parallel, seed);
+  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1)
+    return load_split(config, "", device, parallel, seed);
   LoadedModel m;
   m.backend = make_backend(device);
   ModelWeights w = random_weights(config, *m.backend, seed);
@@ -173,7 +179,7 @@ LoadedModel load_model(const std::string& dir, const std::string& device, const 
   KILN_CHECK(load_format == "auto" || load_format == "dummy", "--load-format must be auto or dummy, got \"{}\"",
              load_format);
   LoadedModel m;
-  if (parallel.tp != 1 || parallel.expert_parallel) {
+  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
     const std::string config = (std::filesystem::path(dir) / "config.json").string();
     if (load_format == "dummy") spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
     m = load_split(load_model_config(config), load_format == "dummy" ? "" : dir, device, parallel, 0);

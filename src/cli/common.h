@@ -46,6 +46,7 @@ void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model&
 struct Parallel {
   int tp = 1;
   bool expert_parallel = false;
+  int dcp = 1;  // decode context parallelism (so far --dcp equal to --tp, CPU backend)
 };
 void add_parallel_options(CLI::App& sub, Parallel& p);
 

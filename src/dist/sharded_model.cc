@@ -12,6 +12,10 @@ ShardedModel load_sharded_model(const ModelConfig& c, const std::string& dir, co
   KILN_CHECK(o.make_backend, "internal: a sharded model needs a backend factory");
   const ParallelLayout layout(o.parallel, c);  // refuses a split that does not fit, naming it
   const int world = o.parallel.world_size;
+  KILN_CHECK(o.parallel.dcp == 1 || o.parallel.dcp == world,
+             "--dcp {} with --tp {}: decode context parallelism runs over the whole TP group (--dcp equal to --tp) "
+             "for now",
+             o.parallel.dcp, o.parallel.tp);
   for (int r = 0; r < world; ++r) spdlog::info("parallel layout: {}", layout.describe(r));
   std::unique_ptr<Checkpoint> ckpt;
   if (!o.random_weights) ckpt = std::make_unique<Checkpoint>(dir);

@@ -281,6 +281,12 @@ ModelShard model_shard(const ParallelLayout& layout, int rank, Communicator* com
   m.vocab_begin = s.vocab.begin;
   m.vocab_rows = s.vocab.size();
   m.vocab_per_rank = layout.vocab_per_rank();
+  KILN_CHECK(p.dcp == 1 || (p.dcp == p.world_size && p.dcp_interleave == 1),
+             "--dcp {} with --tp {}: decode context parallelism runs over the whole TP group (--dcp equal to --tp) "
+             "for now",
+             p.dcp, p.tp);
+  m.dcp = p.dcp;
+  m.dcp_rank = s.dcp_rank;
   return m;
 }
 

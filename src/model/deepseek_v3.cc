@@ -52,8 +52,9 @@ LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) c
   p.block_size = block_size;
   p.row_dim = c_.kv_row_dim();
   p.dtype = kv_dtype_;
+  const int64_t spare = shard_.dcp > 1 ? 1 : 0;  // DCP: the row other ranks' tokens are written to
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
-    p.layers.push_back(be_.alloc(p.dtype, {num_blocks * block_size, p.row_dim}));
+    p.layers.push_back(be_.alloc(p.dtype, {num_blocks * block_size + spare, p.row_dim}));
   if (group_) {
     p.peers = std::make_shared<std::vector<LatentKvPool>>();
     for (auto& peer : group_->peers) p.peers->push_back(peer->new_pool(num_blocks, block_size));
@@ -215,7 +216,7 @@ Tensor DeepseekV3Model::forward_local(const ForwardBatch& batch, LatentKvPool& p
 
 bool DeepseekV3Model::graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const {
   const int64_t B = batch.num_seqs();
-  if (&pool != graphs_->pool || form == MlaForm::Expanded || B > graphs_->max_batch ||
+  if (&pool != graphs_->pool || shard_.dcp > 1 || form == MlaForm::Expanded || B > graphs_->max_batch ||
       batch.max_blocks > graphs_->max_blocks || batch.num_tokens() != B ||
       static_cast<int64_t>(batch.logit_rows.size()) != B)
     return false;

@@ -84,6 +84,8 @@ class DeepseekV3Model {
   struct StepInputs;  // the batch's index arrays on the backend
   Tensor forward_local(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form);
   void check_batch(const ForwardBatch& batch, const LatentKvPool& pool) const;
+  void upload_dcp(const ForwardBatch& batch, const LatentKvPool& pool, const std::vector<int64_t>& order,
+                  StepInputs& in);
   // Sums `n` f32 values over the ranks in place (a no-op on one rank).
   void all_reduce(float* buf, int64_t n);
   struct DecodeGraphs;  // captured decode steps
@@ -100,6 +102,9 @@ class DeepseekV3Model {
   void attention(int64_t layer, const float* x, const float* pending, float* out, const StepInputs& in,
                  LatentKvPool& pool);
   void ffn(int64_t layer, const float* x, const float* pending, float* out, int64_t T);
+  // Decode context parallelism's two collectives parts of attention (mla_attention.cc).
+  void absorbed_dcp(const float* qa, float* lat, const StepInputs& in, LatentKvPool& pool, int64_t layer);
+  void gather_dcp(float* kv, const StepInputs& in, LatentKvPool& pool, int64_t layer);
 
   OwnedTensor scratch(int64_t rows, int64_t cols);
 

@@ -20,6 +20,11 @@ struct ModelShard {
   // Embedding and lm_head rows [vocab_begin, vocab_begin + vocab_rows); lm_head is padded with zero
   // rows to vocab_per_rank so every rank's logits block has one width for the gather. 0: all.
   int64_t vocab_begin = 0, vocab_rows = 0, vocab_per_rank = 0;
+  // Decode context parallelism over every rank of the group (dcp == world): token position p's
+  // latent row lives only on rank p % dcp, at the sequence's local index p / dcp (its own block
+  // table's first slots); other ranks write it to one spare row past the pool's slots. Each rank
+  // attends over its own rows for every rank's heads and the parts merge by log-sum-exp.
+  int dcp = 1, dcp_rank = 0;
 
   bool sharded() const { return comm != nullptr; }
 };

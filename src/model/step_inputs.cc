@@ -114,7 +114,54 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
   in.block_tables = view(lay.tables, {Bp, stride});
   in.cu_q_x = view(lay.cu_q_x, {Bp - in.Ba + 1});
   in.cu_kv_x = view(lay.cu_kv_x, {Bp - in.Ba + 1});
+  if (shard_.dcp > 1) upload_dcp(batch, pool, order, in);
   return in;
+}
+
+// Rows of a context of kv_len tokens that DCP rank `r` of `dcp` holds (positions r, r + dcp, ...).
+int64_t dcp_rows(int64_t kv_len, int64_t r, int64_t dcp) {
+  return kv_len > r ? (kv_len - r + dcp - 1) / dcp : 0;
+}
+
+void DeepseekV3Model::upload_dcp(const ForwardBatch& batch, const LatentKvPool& pool, const std::vector<int64_t>& order,
+                                 StepInputs& in) {
+  const int64_t B = in.B, T = in.T, d = shard_.dcp, me = shard_.dcp_rank, bs = pool.block_size;
+  for (int64_t i = 0; i < in.Ba; ++i) {
+    const auto b = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    KILN_CHECK(batch.cu_q[b + 1] - batch.cu_q[b] == 1,
+               "decode context parallelism: sequence {} has {} new tokens in the absorbed form (one a step)", b,
+               batch.cu_q[b + 1] - batch.cu_q[b]);
+  }
+  std::vector<int32_t> host(static_cast<size_t>(T + B + (B - in.Ba) + 1), 0);
+  int32_t* slots = host.data();
+  int32_t* lens = slots + T;
+  int32_t* cu_x = lens + B;
+  int64_t t = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    const auto b = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    for (int32_t k = batch.cu_q[b]; k < batch.cu_q[b + 1]; ++k, ++t) {
+      const int64_t pos = batch.positions[static_cast<size_t>(k)], local = pos / d;
+      slots[t] = pos % d != me
+                     ? static_cast<int32_t>(pool.num_slots())  // the spare row
+                     : static_cast<int32_t>(batch.block_tables[b * batch.max_blocks + local / bs] * bs + local % bs);
+    }
+    lens[i] = static_cast<int32_t>(dcp_rows(batch.kv_lens[b], me, d));
+    if (i >= in.Ba) {
+      in.x_kv_lens.push_back(batch.kv_lens[b]);
+      cu_x[i - in.Ba + 1] = cu_x[i - in.Ba] + lens[i];
+    }
+  }
+  in.dcp_buffer = be_.alloc(DType::I32, {static_cast<int64_t>(host.size())});
+  be_.upload(in.dcp_buffer.t, host.data());
+  auto view = [&](int64_t off, Shape shape) {
+    OwnedTensor v;
+    v.mem = in.dcp_buffer.mem;
+    v.t = Tensor{in.dcp_buffer.t.as<int32_t>() + off, DType::I32, std::move(shape), in.dcp_buffer.t.device};
+    return v;
+  };
+  in.dcp_slots = view(0, {T});
+  in.dcp_kv_lens = view(T, {B});
+  in.dcp_cu_kv_x = view(T + B, {B - in.Ba + 1});
 }
 
 }  // namespace kiln

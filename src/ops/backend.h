@@ -105,6 +105,8 @@ class Backend {
   // The default goes through the host (download, remap, upload): correct on every backend, and
   // what the CPU runs; a device kernel is a later speed-up for expert parallelism on CUDA.
   virtual void expert_slice(const ExpertSliceParams& p);
+  // The same host default (decode context parallelism's merge of partial attention).
+  virtual void attention_merge(const AttentionMergeParams& p);
   virtual void log_softmax(const LogSoftmaxParams& p) = 0;
   // Token choice per row (params.h SampleParams); never modifies the logits.
   virtual void sample(const SampleParams& p) = 0;

@@ -176,6 +176,19 @@ struct MlaAbsorbedParams {
   float* out;       // [total_q, num_heads, kv_lora]  (latent; W_uv folds it to v later)
   int64_t num_heads, kv_lora, rope_dim;
   float scale;
+  // Optional: each query's log-sum-exp of its scaled scores (-inf for a sequence with no keys), so
+  // that attention over parts of a context (decode context parallelism) can be merged
+  // (AttentionMergeParams). The CPU reference writes it; CUDA refuses it for now.
+  float* lse = nullptr;  // [total_q, num_heads]
+};
+
+// Merges attention outputs over disjoint parts of the keys: out = Σ_p exp(lse[p] - L) · parts[p]
+// with L = log Σ_p exp(lse[p]), per row; rows whose parts all have lse -inf get zeros.
+struct AttentionMergeParams {
+  const float* parts;  // [num_parts, rows, dim]
+  const float* lse;    // [num_parts, rows]
+  float* out;          // [rows, dim]
+  int64_t num_parts, rows, dim;
 };
 
 // Writes new latent rows into their pool slots; a BF16 pool stores them rounded to nearest even.

@@ -22,18 +22,20 @@ namespace {
 
 struct Split {
   const char* name;
-  int world, ep;
+  int world, ep, dcp = 1;
 };
 void PrintTo(const Split& s, std::ostream* os) {
   *os << s.name;
 }
 
-constexpr Split kSplits[] = {{"tp2", 2, 1}, {"tp4", 4, 1}, {"ep2", 2, 2}, {"tp2_in_ep2", 4, 2}};
+constexpr Split kSplits[] = {{"tp2", 2, 1},        {"tp4", 4, 1},         {"ep2", 2, 2},
+                             {"tp2_in_ep2", 4, 2}, {"tp2_dcp2", 2, 1, 2}, {"tp4_dcp4", 4, 1, 4}};
 
 dist::ShardedModel load_split(const std::string& dir, const Split& s) {
   dist::ShardedModelOptions o;
   o.parallel.world_size = o.parallel.tp = s.world;
   o.parallel.ep = s.ep;
+  o.parallel.dcp = s.dcp;
   o.make_backend = [](int) { return ops::make_cpu_backend(); };
   return dist::load_sharded_model(load_model_config(dir + "/config.json"), dir, o);
 }
@@ -117,12 +119,14 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ShardedFixture, ::testing::ValuesIn(cases()),
 });
 
 // One step holding a decode row of one sequence and a prompt chunk of another (each in its own
-// attention form) under TP2 gives the one-device rows.
-TEST(ShardedModel, MixedStepMatchesOneDevice) {
+// attention form) under TP2, and under TP2 with DCP2, gives the one-device rows.
+class MixedStep : public ::testing::TestWithParam<Split> {};
+
+TEST_P(MixedStep, MatchesOneDevice) {
   const std::string dir = data_path("fixtures/h12_qlora_grouped_yarn");
   auto one_be = ops::make_cpu_backend();
   auto one = DeepseekV3Model::load(dir, *one_be);
-  dist::ShardedModel split = load_split(dir, kSplits[0]);
+  dist::ShardedModel split = load_split(dir, GetParam());
   const int64_t V = one->config().vocab_size, bs = 8;
   const auto ids = read_json(dir + "/expected.json")["ids"].get<std::vector<int32_t>>();
   std::vector<float> got[2];
@@ -157,6 +161,9 @@ TEST(ShardedModel, MixedStepMatchesOneDevice) {
   ASSERT_EQ(got[0].size(), static_cast<size_t>(6 * V));
   EXPECT_LE(worst_gap(got[0], got[1], V), 1e-4);
 }
+
+INSTANTIATE_TEST_SUITE_P(Splits, MixedStep, ::testing::Values(kSplits[0], kSplits[4]),
+                         [](const auto& p) { return std::string(p.param.name); });
 
 // A malformed step is refused on the caller's thread before any rank starts, and the group still
 // runs the next step.
@@ -228,6 +235,7 @@ TEST(ShardedWeights, EachRankHoldsExactlyItsShards) {
       dist::ParallelConfig p;
       p.world_size = p.tp = split.world;
       p.ep = split.ep;
+      p.dcp = split.dcp;
       std::unique_ptr<dist::ParallelLayout> layout;
       try {
         layout = std::make_unique<dist::ParallelLayout>(p, c);

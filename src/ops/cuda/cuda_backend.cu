@@ -381,6 +381,8 @@ class CudaBackend final : public Backend {
     run("mla_expanded", [&] { cuda::mla_expanded(p, stream_); });
   }
   void mla_absorbed(const MlaAbsorbedParams& p) override {
+    KILN_REQUIRE(p.lse == nullptr,
+                 "mla_absorbed: the log-sum-exp output (decode context parallelism) has no CUDA kernel yet");
     run("mla_absorbed", [&] { cuda::mla_absorbed(p, stream_); });
   }
   void kv_scatter(const KvScatterParams& p) override {
