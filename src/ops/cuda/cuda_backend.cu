@@ -368,6 +368,12 @@ class CudaBackend final : public Backend {
   void add(const AddParams& p) override {
     run("add", [&] { cuda::add(p, stream_); });
   }
+  void expert_slice(const ExpertSliceParams& p) override {
+    run("expert_slice", [&] { cuda::expert_slice(p, stream_); });
+  }
+  void attention_merge(const AttentionMergeParams& p) override {
+    run("attention_merge", [&] { cuda::attention_merge(p, stream_); });
+  }
   void take_tokens(const TakeTokensParams& p) override {
     run("take_tokens", [&] { cuda::take_tokens(p, stream_); });
   }
