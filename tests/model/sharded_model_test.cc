@@ -11,9 +11,11 @@
 #include "core/error.h"
 #include "dist/sharded_model.h"
 #include "dist/sharded_weights.h"
+#include "dist/thread_communicator.h"
 #include "dist/weight_shard.h"
 #include "engine/sampler.h"
 #include "model/deepseek_v3.h"
+#include "model/rank_group.h"
 #include "model/weight_layout.h"
 #include "test_util.h"
 
@@ -259,6 +261,33 @@ TEST(ShardedWeights, EachRankHoldsExactlyItsShards) {
         EXPECT_EQ(got, want) << dir << " " << split.name << " rank " << r;
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::test
+
+namespace kiln::test {
+namespace {
+
+// A rank that fails mid-step (here before its collective, while the others wait in theirs) ends
+// the step on every rank, and the caller gets an error naming the failing rank and its reason:
+// nobody hangs.
+TEST(RankGroup, AFailingRankEndsTheStepOnEveryRank) {
+  RankGroup g;
+  g.comms = dist::make_thread_communicators(3);
+  g.workers = std::make_unique<RankWorkers>(3);
+  try {
+    g.run([&](int r) {
+      if (r == 2) throw Error("rank two's weights are gone");
+      float x = 1;
+      g.comms[static_cast<size_t>(r)]->all_reduce(&x, &x, 1, DType::F32);
+    });
+    ADD_FAILURE() << "the step returned";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank two's weights are gone"), std::string::npos) << what;
   }
 }
 
