@@ -26,6 +26,7 @@ namespace {
 struct BenchModelArgs {
   std::string model, config, device = "cpu", batch_sizes = "1,8,32", json_out, kv_cache_memory;
   Precision precision;
+  Parallel parallel;
   bool random = false, warmup = true, enforce_eager = false;
   bool no_overlap = false;
   SpeculativeFlags speculative;
@@ -104,19 +105,18 @@ int run_bench_model(const BenchModelArgs& a) {
   if (!a.json_out.empty()) require_output_file(a.json_out, "--json", {a.config});
 
   check_speculative_flags(a.speculative);
-  std::unique_ptr<ops::Backend> backend = make_backend(a.device);
-  std::unique_ptr<DeepseekV3Model> model;
+  LoadedModel loaded;
   std::string source;
   if (a.random) {
     source = a.config.empty() ? (std::filesystem::path(a.model) / "config.json").string() : a.config;
-    ModelConfig c = load_model_config(source);
     spdlog::info("random weights for {} (seed {})", source, a.seed);
-    ModelWeights w = random_weights(c, *backend, a.seed);
-    model = std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), *backend);
+    loaded = random_model(load_model_config(source), a.device, a.seed, a.parallel);
   } else {
     source = a.model;
-    model = DeepseekV3Model::load(a.model, *backend);
+    loaded = load_model(a.model, a.device, {}, "auto", a.parallel);
   }
+  std::unique_ptr<ops::Backend> backend = std::move(loaded.backend);  // declared first: outlives the model
+  std::unique_ptr<DeepseekV3Model> model = std::move(loaded.model);
   apply_precision(a.precision, *backend, *model);
   const ModelConfig& c = model->config();
 
@@ -180,6 +180,8 @@ int run_bench_model(const BenchModelArgs& a) {
   if (!a.json_out.empty()) {
     nlohmann::json j = {{"model", source},
                         {"random_weights", a.random},
+                        {"tp", a.parallel.tp},
+                        {"expert_parallel", a.parallel.expert_parallel},
                         {"device", backend->name()},
                         {"kv_cache_dtype", dtype_name(model->kv_dtype())},
                         {"activation_dtype", dtype_name(backend->activation_dtype())},
@@ -242,6 +244,7 @@ KILN_SUBCOMMAND("bench", "model", "Offline engine throughput of a model (prefill
                "read each step's tokens before scheduling the next (default: the next step is queued first)");
   add_speculative_options(sub, a->speculative);
   add_precision_options(sub, a->precision);
+  add_parallel_options(sub, a->parallel);
   sub.add_option("--json", a->json_out, "also write the results as JSON to this file");
   return [a] { return run_bench_model(*a); };
 });

@@ -22,6 +22,7 @@ namespace {
 struct GenerateArgs {
   std::string model, device = "cpu", prompt, prompt_ids, stop_token_ids, kv_cache_memory;
   Precision precision;
+  Parallel parallel;
   int64_t max_tokens = 32, block_size = 64;
   uint64_t seed = 0;
   SamplingParams sampling;
@@ -57,7 +58,7 @@ int run_generate(GenerateArgs a) {
   if (!a.stop_token_ids.empty()) req.sampling.stop_token_ids = parse_ids(a.stop_token_ids, "--stop-token-ids");
   req.sampling.validate(INT32_MAX);  // flag errors before the model loads; the vocabulary is checked later
   check_speculative_flags(a.speculative);
-  LoadedModel m = load_model(a.model, a.device, a.precision);
+  LoadedModel m = load_model(a.model, a.device, a.precision, "auto", a.parallel);
 
   EngineConfig cfg;
   cfg.block_size = a.block_size;
@@ -105,6 +106,7 @@ KILN_COMMAND("generate", "Generate a continuation of a prompt", [](CLI::App& sub
   sub.add_option("--model", a->model, "checkpoint directory")->required();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   add_precision_options(sub, a->precision);
+  add_parallel_options(sub, a->parallel);
   sub.add_option("--prompt", a->prompt, "prompt text");
   sub.add_option("--prompt-ids", a->prompt_ids, "prompt as comma-separated token ids");
   sub.add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();

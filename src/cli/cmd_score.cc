@@ -16,12 +16,13 @@ namespace {
 struct ScoreArgs {
   std::string model, device = "cpu", ids;
   Precision precision;
+  Parallel parallel;
   bool json = false;
 };
 
 int run_score(const ScoreArgs& a) {
   std::vector<int32_t> ids = parse_ids(a.ids, "--ids");
-  LoadedModel m = load_model(a.model, a.device, a.precision);
+  LoadedModel m = load_model(a.model, a.device, a.precision, "auto", a.parallel);
   const int64_t V = m.model->config().vocab_size, T = static_cast<int64_t>(ids.size());
   SequenceCache cache = m.model->new_cache(T);
   std::vector<float> logits = m.model->forward(ids, cache, /*all_logits=*/true);
@@ -51,6 +52,7 @@ KILN_COMMAND("score", "Teacher-forced log-probabilities of a token sequence", []
   sub.add_option("--model", a->model, "checkpoint directory")->required();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   add_precision_options(sub, a->precision);
+  add_parallel_options(sub, a->parallel);
   sub.add_option("--ids", a->ids, "comma-separated token ids")->required();
   sub.add_flag("--json", a->json, "print JSON");
   return [a] { return run_score(*a); };

@@ -28,7 +28,7 @@ struct ServeArgs {
                                 tool_parser = "auto", reasoning = "auto";
   Precision precision;
   server::ServerConfig cfg;
-  int tp = 1;
+  Parallel parallel;
   int64_t max_num_seqs = 256, max_batched_tokens = 8192, max_model_len = 0, num_kv_blocks = 0, block_size = 64;
   double kv_fraction = 0.9;
   bool no_prefix_caching = false;
@@ -54,7 +54,6 @@ void raise_fd_limit() {
 }
 
 int run_serve(ServeArgs a) {
-  KILN_CHECK(a.tp == 1, "--tp {}: this build serves on one device (tensor parallelism is not wired yet)", a.tp);
   KILN_CHECK(a.cfg.port >= 0 && a.cfg.port < 65536, "--port must be in [0, 65535], got {}", a.cfg.port);
   KILN_CHECK(a.num_kv_blocks >= 0, "--num-kv-blocks must be >= 0 (0: sized from memory), got {}", a.num_kv_blocks);
   // A size_t flag reads "-1" as 2^64 - 1: no limit at all.
@@ -102,7 +101,7 @@ int run_serve(ServeArgs a) {
   a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
 
   check_speculative_flags(a.speculative);
-  LoadedModel m = load_model(a.model, a.device, a.precision, a.load_format);
+  LoadedModel m = load_model(a.model, a.device, a.precision, a.load_format, a.parallel);
   if (static_cast<int64_t>(tokenizer.vocab_size()) > m.model->config().vocab_size)  // such prompts get a 400
     spdlog::warn("the tokenizer in {} has {} tokens, more than the model's vocabulary of {}", tokenizer_dir,
                  tokenizer.vocab_size(), m.model->config().vocab_size);
@@ -169,7 +168,7 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
       ->capture_default_str();
   sub.add_option("--device", a->device, "cpu, cuda, or auto (cuda when a GPU is present)")->capture_default_str();
   add_precision_options(sub, a->precision);
-  sub.add_option("--tp", a->tp, "tensor-parallel GPUs")->capture_default_str();
+  add_parallel_options(sub, a->parallel);
   sub.add_option("--api-key", c.api_key, "require 'Authorization: Bearer KEY' (or set KILN_API_KEY)");
   sub.add_option("--served-model-name", a->served_name, "model id clients use (default: the directory name)");
   sub.add_option("--max-model-len", a->max_model_len, "longest sequence (default: the model's)");

@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/nccl_rank_comm.h"
+#include "dist/sharded_model.h"
 
 namespace kiln::cli {
 
@@ -115,30 +117,87 @@ void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model&
   // auto: bf16 on CUDA as vLLM and SGLang run (the logprob cost is in docs/results.md); the CPU
   // reference keeps f32.
   const bool bf16 = p.activation_dtype == "bf16" || (p.activation_dtype == "auto" && backend.device() == Device::CUDA);
-  backend.set_activation_dtype(bf16 ? DType::BF16 : DType::F32);
-  if (p.expert_activation_dtype != "auto")
-    backend.set_expert_activation_dtype(p.expert_activation_dtype == "bf16" ? DType::BF16 : DType::F32);
+  for (ops::Backend* b : model.rank_backends()) {  // the caller's backend is rank 0's
+    b->set_activation_dtype(bf16 ? DType::BF16 : DType::F32);
+    if (p.expert_activation_dtype != "auto")
+      b->set_expert_activation_dtype(p.expert_activation_dtype == "bf16" ? DType::BF16 : DType::F32);
+  }
+}
+
+void add_parallel_options(CLI::App& sub, Parallel& p) {
+  sub.add_option("--tp", p.tp,
+                 "tensor-parallel ranks (devices) in this process: attention heads, dense and shared "
+                 "MLPs, the vocabulary and (without --enable-expert-parallel) every expert split")
+      ->capture_default_str();
+  sub.add_flag("--enable-expert-parallel", p.expert_parallel,
+               "whole routed experts per rank (expert parallelism over the --tp ranks) instead of a slice of each");
+  sub.add_option("--dcp", p.dcp,
+                 "decode context parallelism: each sequence's latent KV split by token over the ranks (for now "
+                 "equal to --tp, CPU backend)")
+      ->capture_default_str();
+}
+
+namespace {
+
+// --tp N > 1: N ranks in this process, rank 0 the model the caller holds. Empty dir: random weights.
+LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::string& device,
+                       const Parallel& parallel, uint64_t seed) {
+  KILN_CHECK(parallel.tp >= 1 && parallel.tp <= 1024, "--tp must be 1 to 1024, got {}", parallel.tp);
+  const bool cuda = make_backend(device)->device() == Device::CUDA;  // resolves "auto" the same way
+  dist::ShardedModelOptions o;
+  o.parallel.world_size = o.parallel.tp = parallel.tp;
+  o.parallel.ep = parallel.expert_parallel ? parallel.tp : 1;
+  o.parallel.dcp = parallel.dcp;
+  o.make_backend = [device](int) { return make_backend(device); };
+  if (cuda) {  // one GPU per rank, NCCL between them
+    o.thread_init = [](int rank) { ops::set_cuda_device(rank); };
+    o.make_comm = [world = parallel.tp](int rank, dist::Communicator& host, ops::Backend& be) {
+      return dist::make_nccl_rank_comm(rank, world, host, be);
+    };
+  }
+  o.random_weights = dir.empty();
+  o.seed = seed;
+  dist::ShardedModel s = dist::load_sharded_model(c, dir, o);
+  return {std::move(s.backend), std::move(s.model)};
+}
+
+}  // namespace
+
+LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed,
+                         const Parallel& parallel) {
+  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1)
+    return load_split(config, "", device, parallel, seed);
+  LoadedModel m;
+  m.backend = make_backend(device);
+  ModelWeights w = random_weights(config, *m.backend, seed);
+  m.model = std::make_unique<DeepseekV3Model>(config, std::move(w), *m.backend);
+  return m;
 }
 
 LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision,
-                       const std::string& load_format) {
+                       const std::string& load_format, const Parallel& parallel) {
   KILN_CHECK(load_format == "auto" || load_format == "dummy", "--load-format must be auto or dummy, got \"{}\"",
              load_format);
   LoadedModel m;
-  m.backend = make_backend(device);
-  if (load_format == "dummy") {
+  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
+    const std::string config = (std::filesystem::path(dir) / "config.json").string();
+    if (load_format == "dummy") spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
+    m = load_split(load_model_config(config), load_format == "dummy" ? "" : dir, device, parallel, 0);
+  } else if (load_format == "dummy") {
+    m.backend = make_backend(device);
     const std::string config = (std::filesystem::path(dir) / "config.json").string();
     ModelConfig c = load_model_config(config);
     spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
     ModelWeights w = random_weights(c, *m.backend, /*seed=*/0);
     m.model = std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), *m.backend);
   } else {
+    m.backend = make_backend(device);
     m.model = DeepseekV3Model::load(dir, *m.backend);
   }
   apply_precision(precision, *m.backend, *m.model);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,
                m.model->config().num_attention_heads, m.backend->name());
-  spdlog::info("kernel plan ({} heads per GPU):", m.model->config().num_attention_heads);
+  spdlog::info("kernel plan ({} heads per GPU):", m.model->config().num_attention_heads / parallel.tp);
   for (const auto& [op, impl] : m.backend->kernel_plan()) spdlog::info("  {:<14} {}", op, impl);
   return m;
 }

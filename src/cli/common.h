@@ -40,9 +40,22 @@ void add_precision_options(CLI::App& sub, Precision& p);
 // Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
 
+// How a run splits the model over devices (DESIGN.md §7): --tp N ranks in this process, one
+// backend and thread each (CPU: a thread communicator; CUDA: one GPU per rank over NCCL), and
+// --enable-expert-parallel for whole routed experts per rank instead of a slice of every expert.
+struct Parallel {
+  int tp = 1;
+  bool expert_parallel = false;
+  int dcp = 1;  // decode context parallelism (so far --dcp equal to --tp, CPU backend)
+};
+void add_parallel_options(CLI::App& sub, Parallel& p);
+
 // load_format: "auto" reads the checkpoint's safetensors; "dummy" gives random weights of the
 // shapes in dir/config.json (vLLM's spelling), for serving benchmarks at any model shape.
 LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision = {},
-                       const std::string& load_format = "auto");
+                       const std::string& load_format = "auto", const Parallel& parallel = {});
+// Random weights of `config`'s shapes (seed), split as `parallel` says (one device when tp is 1).
+LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed,
+                         const Parallel& parallel = {});
 
 }  // namespace kiln::cli

@@ -6,12 +6,22 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/communicator.h"
+#include "model/rank_group.h"
 #include "model/step_inputs.h"
 
 namespace kiln {
 
 DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend)
-    : c_(std::move(config)), w_(std::move(weights)), be_(backend), kv_dtype_(backend.kv_dtype()) {
+    : DeepseekV3Model(std::move(config), std::move(weights), backend, ModelShard{}) {}
+
+DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend, ModelShard shard)
+    : c_(std::move(config)),
+      w_(std::move(weights)),
+      be_(backend),
+      shard_(shard),
+      nh_(shard.heads > 0 ? shard.heads : c_.num_attention_heads),
+      kv_dtype_(backend.kv_dtype()) {
   std::vector<double> inv = c_.rope_inv_freq();
   std::vector<float> invf(inv.begin(), inv.end());
   inv_freq_ = be_.alloc(DType::F32, {static_cast<int64_t>(invf.size())});
@@ -30,6 +40,8 @@ std::unique_ptr<DeepseekV3Model> DeepseekV3Model::load(const std::string& dir, o
 void DeepseekV3Model::set_kv_dtype(DType t) {
   KILN_CHECK(t == DType::F32 || t == DType::BF16, "the KV cache must be f32 or bf16, not {}", dtype_name(t));
   kv_dtype_ = t;
+  if (group_)
+    for (auto& peer : group_->peers) peer->set_kv_dtype(t);
 }
 
 LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) const {
@@ -40,8 +52,13 @@ LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) c
   p.block_size = block_size;
   p.row_dim = c_.kv_row_dim();
   p.dtype = kv_dtype_;
+  const int64_t spare = shard_.dcp > 1 ? 1 : 0;  // DCP: the row other ranks' tokens are written to
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
-    p.layers.push_back(be_.alloc(p.dtype, {num_blocks * block_size, p.row_dim}));
+    p.layers.push_back(be_.alloc(p.dtype, {num_blocks * block_size + spare, p.row_dim}));
+  if (group_) {
+    p.peers = std::make_shared<std::vector<LatentKvPool>>();
+    for (auto& peer : group_->peers) p.peers->push_back(peer->new_pool(num_blocks, block_size));
+  }
   return p;
 }
 
@@ -102,11 +119,39 @@ int64_t DeepseekV3Model::capture_decode_graphs() {
 
 void DeepseekV3Model::disable_decode_graphs(const LatentKvPool* pool) {
   if (!pool || (graphs_ && graphs_->pool == pool)) graphs_.reset();
+  if (group_)
+    for (size_t i = 0; i < group_->peers.size(); ++i)
+      group_->peers[i]->disable_decode_graphs(pool && pool->peers ? &(*pool->peers)[i] : nullptr);
+}
+
+void DeepseekV3Model::attach_group(std::unique_ptr<RankGroup> group) {
+  KILN_CHECK(shard_.rank == 0 && group && group->world_size() == shard_.world,
+             "internal: a rank group of {} ranks for rank {} of {}", group ? group->world_size() : 0, shard_.rank,
+             shard_.world);
+  group_ = std::move(group);
+}
+
+int DeepseekV3Model::world_size() const {
+  return shard_.world;
+}
+
+std::vector<ops::Backend*> DeepseekV3Model::rank_backends() const {
+  std::vector<ops::Backend*> out{&be_};
+  if (group_)
+    for (const auto& b : group_->backends) out.push_back(b.get());
+  return out;
+}
+
+void DeepseekV3Model::all_reduce(float* buf, int64_t n) {
+  if (shard_.comm) shard_.comm->all_reduce(buf, buf, static_cast<size_t>(n), DType::F32);
 }
 
 DeepseekV3Model::~DeepseekV3Model() = default;
 
 void DeepseekV3Model::enable_decode_graphs(LatentKvPool& pool, int64_t max_batch, int64_t max_blocks) {
+  if (group_ && pool.peers)
+    for (size_t i = 0; i < group_->peers.size(); ++i)
+      group_->peers[i]->enable_decode_graphs((*pool.peers)[i], max_batch, max_blocks);
   if (!be_.supports_graphs() || max_batch <= 0) return;
   graphs_ = std::make_unique<DecodeGraphs>();
   graphs_->max_batch = DecodeGraphs::bucket(max_batch);
@@ -125,6 +170,23 @@ std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvP
 }
 
 Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
+  if (!group_) return forward_local(batch, pool, form);
+  // Every rank runs the same step (SPMD); rank 0's logits are the answer. A malformed batch is
+  // refused here, before any rank starts, so that it cannot fail on some ranks mid-collective.
+  KILN_CHECK(pool.peers && pool.peers->size() == group_->peers.size(),
+             "a KV pool of a split model must come from its new_pool (one pool per rank)");
+  check_batch(batch, pool);
+  Tensor out;
+  group_->run([&](int r) {
+    if (r == 0)
+      out = forward_local(batch, pool, form);
+    else
+      group_->peers[static_cast<size_t>(r - 1)]->forward_local(batch, (*pool.peers)[static_cast<size_t>(r - 1)], form);
+  });
+  return out;
+}
+
+Tensor DeepseekV3Model::forward_local(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
   const int64_t rows = static_cast<int64_t>(batch.logit_rows.size()), V = c_.vocab_size;
   for (int32_t r : batch.logit_rows)
     KILN_CHECK(r >= 0 && r < batch.num_tokens(), "logit row {} is outside the batch of {} tokens", r,
@@ -154,7 +216,7 @@ Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& 
 
 bool DeepseekV3Model::graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const {
   const int64_t B = batch.num_seqs();
-  if (&pool != graphs_->pool || form == MlaForm::Expanded || B > graphs_->max_batch ||
+  if (&pool != graphs_->pool || shard_.dcp > 1 || form == MlaForm::Expanded || B > graphs_->max_batch ||
       batch.max_blocks > graphs_->max_blocks || batch.num_tokens() != B ||
       static_cast<int64_t>(batch.logit_rows.size()) != B)
     return false;
@@ -189,7 +251,14 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, const in
   // first op and adds pending to its output inside its last, so no layer runs a separate norm or
   // add. ya and ym (attention, FFN) alternate so that no op reads the buffer it writes.
   OwnedTensor x = scratch(T, H), ya = scratch(T, H), ym = scratch(T, H);  // [T, H] each
-  be_.embedding({in.ids.t.as<int32_t>(), w_.embed.t.data, w_.embed.t.dtype, x.f32(), T, V, H});
+  ops::EmbeddingParams embed{in.ids.t.as<int32_t>(), w_.embed.t.data, w_.embed.t.dtype, x.f32(), T, V, H};
+  if (shard_.sharded()) {  // vocabulary parallel: each rank looks up its rows, zeros elsewhere; summed
+    embed.vocab = shard_.vocab_rows, embed.vocab_begin = shard_.vocab_begin, embed.zero_outside = true;
+    be_.embedding(embed);
+    all_reduce(x.f32(), T * H);
+  } else {
+    be_.embedding(embed);
+  }
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const float* pending = nullptr;  // [T, H], not yet added to x (null: nothing)
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
@@ -218,7 +287,18 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, const in
     }
     be_.rms_norm({sel.f32(), 0, w_.final_norm.t.data, w_.final_norm.t.dtype, sel.f32(), 0, rows, H, eps});
   }
-  be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, logits, 0, rows, V, H});
+  if (!shard_.sharded()) {
+    be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, logits, 0, rows, V, H});
+    return;
+  }
+  // Vocabulary parallel: each rank's logits for its rows (padded to one width), gathered side by side.
+  const int64_t per = shard_.vocab_per_rank, world = shard_.world;
+  OwnedTensor local = scratch(rows, per), all = scratch(world * rows, per);  // [rows, per], [world, rows, per]
+  be_.linear({sel.f32(), 0, w_.lm_head.t.data, w_.lm_head.t.dtype, local.f32(), 0, rows, per, H});
+  shard_.comm->all_gather(local.f32(), all.f32(), static_cast<size_t>(rows * per), DType::F32);
+  for (int64_t r = 0; r < world; ++r)
+    if (const int64_t cols = std::min(per, V - r * per); cols > 0)
+      be_.copy({all.f32() + r * rows * per, per, logits + r * per, V, rows, cols});
 }
 
 void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float* out, int64_t T) {
@@ -234,8 +314,9 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
     be_.linear(gate_up);
     be_.swiglu({gu.f32(), act.f32(), T, inter});
     ops::LinearParams down{act.f32(), 0, w.mlp_down.t.data, w.mlp_down.t.dtype, out, 0, T, H, inter};
-    down.add = pending;
+    down.add = shard_.rank == 0 ? pending : nullptr;  // split: rank 0 adds the residual, the sum the rest
     be_.linear(down);
+    all_reduce(out, T * H);
     return;
   }
   const int64_t E = c_.n_routed_experts, k = c_.num_experts_per_tok;
@@ -258,6 +339,9 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
   route.norm_weight = w.post_attn_norm.t.data, route.norm_weight_dtype = w.post_attn_norm.t.dtype;
   route.norm_eps = eps, route.norm_residual = pending, route.normed_x = h.f32();
   be_.router(route);
+  // Expert parallel: the router ran replicated over every expert; this rank keeps its own.
+  const int64_t local_experts = shard_.experts > 0 ? shard_.experts : E;
+  if (local_experts != E) be_.expert_slice({ids.t.as<int32_t>(), wts.f32(), T * k, shard_.expert_begin, local_experts});
   // The shared experts ride in the same op: decode streams every expert's weights in one pass.
   const bool shared = c_.n_shared_experts > 0;
   KILN_CHECK(!shared || w.shared_gate_up.t.dtype == w.experts_gate_up.t.dtype,
@@ -272,15 +356,16 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
                      out,
                      T,
                      H,
-                     c_.moe_intermediate_size,
-                     E,
+                     w.experts_gate_up.t.shape[1] / 2,  // this rank's slice of moe_intermediate_size
+                     local_experts,
                      k};
   if (shared) {
     moe.w_shared_gate_up = w.shared_gate_up.t.data, moe.w_shared_down = w.shared_down.t.data;
     moe.shared_inter = w.shared_gate_up.t.shape[0] / 2;
   }
-  moe.add = pending;  // out = experts + pending
+  moe.add = shard_.rank == 0 ? pending : nullptr;  // out = experts + pending (summed over ranks when split)
   be_.moe(moe);
+  all_reduce(out, T * H);
 }
 
 }  // namespace kiln

@@ -9,10 +9,13 @@
 
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/model_shard.h"
 #include "model/weights.h"
 #include "ops/backend.h"
 
 namespace kiln {
+
+struct RankGroup;  // model/rank_group.h
 
 // Which MLA form attention runs in.
 // Auto chooses per sequence: absorbed over the latent cache for one new token (decode), expanded
@@ -30,11 +33,21 @@ struct SequenceCache {
 class DeepseekV3Model {
  public:
   DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend);
+  // One rank of a split model: `weights` hold the rank's slices (dist/sharded_weights.h) and the
+  // forward sums partial results over shard.comm.
+  DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend, ModelShard shard);
   ~DeepseekV3Model();
   // Loads config.json and the safetensors checkpoint of `dir`.
   static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend);
 
   const ModelConfig& config() const { return c_; }
+  const ModelShard& shard() const { return shard_; }
+  // Makes this model (rank 0) the front of a split model: every step, new pool, KV type and graph
+  // call from now on runs on every rank of `group` too (dist/rank_group.h builds one).
+  void attach_group(std::unique_ptr<RankGroup> group);
+  int world_size() const;
+  // Every rank's backend, rank 0's (backend()) first: settings such as the activation type apply to all.
+  std::vector<ops::Backend*> rank_backends() const;
   ops::Backend& backend() const { return be_; }
   // A pool of `num_blocks` blocks of `block_size` tokens on this model's backend.
   LatentKvPool new_pool(int64_t num_blocks, int64_t block_size) const;
@@ -68,7 +81,13 @@ class DeepseekV3Model {
                              MlaForm form = MlaForm::Auto);
 
  private:
-  struct StepInputs;    // the batch's index arrays on the backend
+  struct StepInputs;  // the batch's index arrays on the backend
+  Tensor forward_local(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form);
+  void check_batch(const ForwardBatch& batch, const LatentKvPool& pool) const;
+  void upload_dcp(const ForwardBatch& batch, const LatentKvPool& pool, const std::vector<int64_t>& order,
+                  StepInputs& in);
+  // Sums `n` f32 values over the ranks in place (a no-op on one rank).
+  void all_reduce(float* buf, int64_t n);
   struct DecodeGraphs;  // captured decode steps
   // Validates and uploads the batch, its sequences ordered by attention form, padded to pad_to
   // sequences, into `buffer` (a graph's static inputs) or a fresh one.
@@ -83,18 +102,24 @@ class DeepseekV3Model {
   void attention(int64_t layer, const float* x, const float* pending, float* out, const StepInputs& in,
                  LatentKvPool& pool);
   void ffn(int64_t layer, const float* x, const float* pending, float* out, int64_t T);
+  // Decode context parallelism's two collectives parts of attention (mla_attention.cc).
+  void absorbed_dcp(const float* qa, float* lat, const StepInputs& in, LatentKvPool& pool, int64_t layer);
+  void gather_dcp(float* kv, const StepInputs& in, LatentKvPool& pool, int64_t layer);
 
   OwnedTensor scratch(int64_t rows, int64_t cols);
 
   ModelConfig c_;
   ModelWeights w_;
   ops::Backend& be_;
+  ModelShard shard_;
+  int64_t nh_;            // attention heads this rank runs (all of them on one rank)
   OwnedTensor inv_freq_;  // [rope / 2] f32
   float rope_factor_;
   float scale_;
   DType kv_dtype_;
   std::unique_ptr<DecodeGraphs> graphs_;
-  OwnedTensor last_logits_;  // the eager path's logits, kept until the next step
+  OwnedTensor last_logits_;           // the eager path's logits, kept until the next step
+  std::unique_ptr<RankGroup> group_;  // ranks 1..N-1 when this is rank 0 of a split model
 };
 
 }  // namespace kiln

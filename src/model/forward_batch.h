@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ops/backend.h"
@@ -37,6 +38,9 @@ struct LatentKvPool {
   std::vector<ops::OwnedTensor> layers;  // per layer [num_blocks * block_size, kv_lora + rope] of dtype
   int64_t num_blocks = 0, block_size = 0, row_dim = 0;
   DType dtype = DType::F32;  // the backend's kv_dtype()
+  // A split model's pool is rank 0's; ranks 1..N-1 keep their own copies of the latent rows (the
+  // latent KV is replicated over TP ranks), one pool each, on their own devices.
+  std::shared_ptr<std::vector<LatentKvPool>> peers;
 
   int64_t num_slots() const { return num_blocks * block_size; }
 };

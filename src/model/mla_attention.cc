@@ -1,7 +1,10 @@
 // DeepseekV3Model::attention: one MLA layer over a step whose sequences are ordered by form
 // (StepInputs): decode rows in the absorbed form over the paged latent cache, prompt chunks in the
 // expanded form over their own context only, each part writing its own rows of the output.
+#include <algorithm>
+
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "model/step_inputs.h"
 
 namespace kiln {
@@ -9,13 +12,13 @@ namespace kiln {
 void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending, float* out, const StepInputs& in,
                                 LatentKvPool& pool) {
   const LayerWeights& w = w_.layers[static_cast<size_t>(l)];
-  const int64_t T = in.T, H = c_.hidden_size, nh = c_.num_attention_heads, nope = c_.qk_nope_head_dim,
-                rope = c_.qk_rope_head_dim, qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank,
-                row = c_.kv_row_dim();
+  const int64_t T = in.T, H = c_.hidden_size, nh = nh_, nope = c_.qk_nope_head_dim, rope = c_.qk_rope_head_dim,
+                qk = c_.qk_head_dim(), vd = c_.v_head_dim, r = c_.kv_lora_rank, row = c_.kv_row_dim();
   const float eps = static_cast<float>(c_.rms_norm_eps);
+  const bool dcp = shard_.dcp > 1;  // this rank holds every dcp-th token's latent row only
 
   // One projection of x feeds both q (or q LoRA's q_a) and the latent row: qkv [T, nq + row].
-  const int64_t nq = qkv_a_q_rows(c_), ld = nq + row;
+  const int64_t nq = c_.q_lora_rank > 0 ? c_.q_lora_rank : nh * qk, ld = nq + row;  // this rank's q_proj rows
   OwnedTensor qkv = scratch(T, ld);
   ops::LinearParams qkv_a{x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H};
   qkv_a.norm_weight = w.input_norm.t.data, qkv_a.norm_weight_dtype = w.input_norm.t.dtype, qkv_a.norm_eps = eps;
@@ -57,7 +60,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
                      .inv_freq = inv_freq_.f32(),
                      .attention_factor = rope_factor_,
                      .interleaved = c_.rope_interleave,
-                     .slots = in.slots.t.as<int32_t>() + t0,
+                     .slots = (dcp ? in.dcp_slots : in.slots).t.as<int32_t>() + t0,
                      .pool = pool.layers[static_cast<size_t>(l)].t.data,
                      .pool_dtype = pool.dtype,
                      .num_tokens = n,
@@ -74,7 +77,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
   // out rows [t0, t0 + n) = o_proj(o rows) + pending rows.
   auto o_proj = [&](int64_t t0, int64_t n) {
     ops::LinearParams p{o.f32() + t0 * nh * vd, 0, w.o_proj.t.data, w.o_proj.t.dtype, out + t0 * H, 0, n, H, nh * vd};
-    p.add = pending ? pending + t0 * H : nullptr;
+    p.add = pending && shard_.rank == 0 ? pending + t0 * H : nullptr;  // split: rank 0 adds, the sum the rest
     return p;
   };
 
@@ -84,7 +87,11 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     OwnedTensor qa = scratch(Ta, nh * row);  // [Ta, nh, kv_lora + rope]: q_lat ‖ q_pe
     prepare(0, Ta, qa.f32() + r, nh * row, row, qa.f32());
     OwnedTensor lat = scratch(Ta, nh * r);  // [Ta, nh, kv_lora], attention in the latent space
-    be_.mla_absorbed({qa.f32(), in.paged(pool, l), in.cu_q.t.as<int32_t>(), in.Ba, Ta, lat.f32(), nh, r, rope, scale_});
+    if (dcp)
+      absorbed_dcp(qa.f32(), lat.f32(), in, pool, l);
+    else
+      be_.mla_absorbed(
+          {qa.f32(), in.paged(pool, l), in.cu_q.t.as<int32_t>(), in.Ba, Ta, lat.f32(), nh, r, rope, scale_});
     // v[h] = W_uv[h] · lat[h], then o_proj: one op (one launch on CUDA for a single stream).
     const size_t esz = dtype_size(w.kv_b.t.dtype);
     const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
@@ -100,7 +107,10 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     prepare(t0, Tx, q + t0 * q_stride + nope, q_stride, qk, nullptr);  // q_pe roped in place; no fold
     const ops::PagedKv paged = in.paged(pool, l, in.Ba);
     OwnedTensor kv = scratch(ctx, row);  // [ctx, row]: the part's context rows, contiguous
-    be_.kv_gather({paged, in.cu_kv_x.t.as<int32_t>(), Bx, row, ctx, kv.f32()});
+    if (dcp)
+      gather_dcp(kv.f32(), in, pool, l);
+    else
+      be_.kv_gather({paged, in.cu_kv_x.t.as<int32_t>(), Bx, row, ctx, kv.f32()});
     OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]: per head k_nope ‖ v
     ops::LinearParams kv_b{kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r};
     kv_b.x_bf16 = pool.dtype == DType::BF16;  // the latent rows as cached
@@ -122,6 +132,65 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
                       .kv_b_stride = nh * (nope + vd),
                       .k_pe_stride = row});
     be_.linear(o_proj(t0, Tx));
+  }
+  all_reduce(out, T * H);  // the heads' partial o_proj sums (a no-op on one rank)
+}
+
+// Decode context parallelism, absorbed part: every rank's queries [Ta, nh, row] go to every rank,
+// each attends over its own rows of the context (with the log-sum-exp of each query's scores),
+// the partial outputs go back to their heads' rank and merge there. lat [Ta, nh, kv_lora].
+void DeepseekV3Model::absorbed_dcp(const float* qa, float* lat, const StepInputs& in, LatentKvPool& pool, int64_t l) {
+  const int64_t W = shard_.world, Ta = in.Ta, nh = nh_, r = c_.kv_lora_rank, row = c_.kv_row_dim();
+  const size_t nq = static_cast<size_t>(Ta * nh * row), nout = static_cast<size_t>(Ta * nh * r),
+               nlse = static_cast<size_t>(Ta * nh);
+  OwnedTensor q_all = scratch(W * Ta, nh * row);  // [W, Ta, nh, row]: rank s's queries at block s
+  shard_.comm->all_gather(qa, q_all.f32(), nq, DType::F32);
+  OwnedTensor part = scratch(W * Ta, nh * r), lse = scratch(W * Ta, nh);  // [W, Ta, nh, r], [W, Ta, nh]
+  for (int64_t s = 0; s < W; ++s) {
+    ops::MlaAbsorbedParams p{q_all.f32() + s * nq,
+                             in.paged(pool, l, 0, true),
+                             in.cu_q.t.as<int32_t>(),
+                             in.Ba,
+                             Ta,
+                             part.f32() + s * nout,
+                             nh,
+                             r,
+                             c_.qk_rope_head_dim,
+                             scale_};
+    p.lse = lse.f32() + s * nlse;
+    be_.mla_absorbed(p);
+  }
+  OwnedTensor mine = scratch(W * Ta, nh * r), mine_lse = scratch(W * Ta, nh);  // every rank's part of my heads
+  const std::vector<size_t> out_counts(static_cast<size_t>(W), nout), lse_counts(static_cast<size_t>(W), nlse);
+  shard_.comm->all_to_all(part.f32(), out_counts, mine.f32(), out_counts, DType::F32);
+  shard_.comm->all_to_all(lse.f32(), lse_counts, mine_lse.f32(), lse_counts, DType::F32);
+  be_.attention_merge({mine.f32(), mine_lse.f32(), lat, W, Ta * nh, r});
+}
+
+// Decode context parallelism, expanded part: each rank gathers its own rows of every expanded
+// sequence's context, the ranks' rows are all-gathered (each rank's block padded to the largest)
+// and put back in position order (position p is row p / dcp of rank p % dcp). kv [ctx, row].
+void DeepseekV3Model::gather_dcp(float* kv, const StepInputs& in, LatentKvPool& pool, int64_t l) {
+  const int64_t W = shard_.dcp, row = c_.kv_row_dim(), Bx = in.B - in.Ba;
+  std::vector<int64_t> total(static_cast<size_t>(W), 0);
+  for (int32_t len : in.x_kv_lens)
+    for (int64_t s = 0; s < W; ++s) total[static_cast<size_t>(s)] += dcp_rows(len, s, W);
+  const int64_t most = std::max<int64_t>(1, *std::max_element(total.begin(), total.end()));
+  OwnedTensor own = scratch(most, row), all = scratch(W * most, row);  // [most, row], [W, most, row]
+  be_.kv_gather({in.paged(pool, l, in.Ba, true), in.dcp_cu_kv_x.t.as<int32_t>(), Bx, row,
+                 total[static_cast<size_t>(shard_.dcp_rank)], own.f32()});
+  shard_.comm->all_gather(own.f32(), all.f32(), static_cast<size_t>(most * row), DType::F32);
+  std::vector<int64_t> at(static_cast<size_t>(W), 0);  // each rank's rows of the sequences so far
+  int64_t ctx0 = 0;
+  for (int32_t len : in.x_kv_lens) {
+    for (int64_t s = 0; s < W; ++s) {
+      const int64_t n = dcp_rows(len, s, W);
+      if (n > 0)
+        be_.copy(
+            {all.f32() + (s * most + at[static_cast<size_t>(s)]) * row, row, kv + (ctx0 + s) * row, W * row, n, row});
+      at[static_cast<size_t>(s)] += n;
+    }
+    ctx0 += len;
   }
 }
 

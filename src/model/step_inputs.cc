@@ -3,12 +3,12 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "model/step_inputs.h"
 
 namespace kiln {
 
-DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
-                                                           MlaForm form, int64_t pad_to, OwnedTensor* buffer) {
+void DeepseekV3Model::check_batch(const ForwardBatch& batch, const LatentKvPool& pool) const {
   const int64_t T = batch.num_tokens(), B = batch.num_seqs(), V = c_.vocab_size;
   KILN_CHECK(T > 0 && B > 0, "forward needs at least one token");
   KILN_CHECK(static_cast<int64_t>(batch.cu_q.size()) == B + 1 && batch.cu_q.front() == 0 && batch.cu_q.back() == T &&
@@ -17,14 +17,20 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
                  static_cast<int64_t>(batch.block_tables.size()) == B * batch.max_blocks,
              "malformed ForwardBatch: {} tokens, {} sequences", T, B);
   for (int32_t id : batch.tokens) KILN_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-  const bool take = !batch.token_from.empty();
-  KILN_CHECK(!take || (static_cast<int64_t>(batch.token_from.size()) == T && batch.prev_tokens),
+  KILN_CHECK(batch.token_from.empty() || (static_cast<int64_t>(batch.token_from.size()) == T && batch.prev_tokens),
              "malformed ForwardBatch: token_from has {} entries for {} tokens", batch.token_from.size(), T);
   for (int32_t s : batch.slot_mapping)
     KILN_CHECK(s >= 0 && s < pool.num_slots(), "slot {} is outside the KV pool ({} slots)", s, pool.num_slots());
   for (int32_t p : batch.positions)
     KILN_CHECK(p >= 0 && p < c_.max_position_embeddings, "position {} exceeds max_position_embeddings {}", p,
                c_.max_position_embeddings);
+}
+
+DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool,
+                                                           MlaForm form, int64_t pad_to, OwnedTensor* buffer) {
+  check_batch(batch, pool);
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs();
+  const bool take = !batch.token_from.empty();
   auto q_len = [&](int64_t b) { return batch.cu_q[static_cast<size_t>(b + 1)] - batch.cu_q[static_cast<size_t>(b)]; };
   bool all_single = true;
   for (int64_t b = 0; b < B; ++b) {
@@ -103,7 +109,10 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
   };
   in.ids = view(lay.ids, {Tp});
   // The earlier step's sampled tokens, still on the device, replace their stand-ins.
-  if (take) be_.take_tokens({in.ids.t.as<int32_t>(), in.buffer.t.as<int32_t>() + lay.from, batch.prev_tokens, Tp});
+  // On a split model they are on rank 0's device: rank 0 takes them and hands every rank the ids.
+  if (take && shard_.rank == 0)
+    be_.take_tokens({in.ids.t.as<int32_t>(), in.buffer.t.as<int32_t>() + lay.from, batch.prev_tokens, Tp});
+  if (take && shard_.sharded()) shard_.comm->broadcast(in.ids.t.data, static_cast<size_t>(Tp), DType::I32, 0);
   in.pos = view(lay.pos, {Tp});
   in.slots = view(lay.slots, {Tp});
   in.cu_q = view(lay.cu_q, {Bp + 1});
@@ -111,7 +120,54 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
   in.block_tables = view(lay.tables, {Bp, stride});
   in.cu_q_x = view(lay.cu_q_x, {Bp - in.Ba + 1});
   in.cu_kv_x = view(lay.cu_kv_x, {Bp - in.Ba + 1});
+  if (shard_.dcp > 1) upload_dcp(batch, pool, order, in);
   return in;
+}
+
+// Rows of a context of kv_len tokens that DCP rank `r` of `dcp` holds (positions r, r + dcp, ...).
+int64_t dcp_rows(int64_t kv_len, int64_t r, int64_t dcp) {
+  return kv_len > r ? (kv_len - r + dcp - 1) / dcp : 0;
+}
+
+void DeepseekV3Model::upload_dcp(const ForwardBatch& batch, const LatentKvPool& pool, const std::vector<int64_t>& order,
+                                 StepInputs& in) {
+  const int64_t B = in.B, T = in.T, d = shard_.dcp, me = shard_.dcp_rank, bs = pool.block_size;
+  for (int64_t i = 0; i < in.Ba; ++i) {
+    const auto b = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    KILN_CHECK(batch.cu_q[b + 1] - batch.cu_q[b] == 1,
+               "decode context parallelism: sequence {} has {} new tokens in the absorbed form (one a step)", b,
+               batch.cu_q[b + 1] - batch.cu_q[b]);
+  }
+  std::vector<int32_t> host(static_cast<size_t>(T + B + (B - in.Ba) + 1), 0);
+  int32_t* slots = host.data();
+  int32_t* lens = slots + T;
+  int32_t* cu_x = lens + B;
+  int64_t t = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    const auto b = static_cast<size_t>(order[static_cast<size_t>(i)]);
+    for (int32_t k = batch.cu_q[b]; k < batch.cu_q[b + 1]; ++k, ++t) {
+      const int64_t pos = batch.positions[static_cast<size_t>(k)], local = pos / d;
+      slots[t] = pos % d != me
+                     ? static_cast<int32_t>(pool.num_slots())  // the spare row
+                     : static_cast<int32_t>(batch.block_tables[b * batch.max_blocks + local / bs] * bs + local % bs);
+    }
+    lens[i] = static_cast<int32_t>(dcp_rows(batch.kv_lens[b], me, d));
+    if (i >= in.Ba) {
+      in.x_kv_lens.push_back(batch.kv_lens[b]);
+      cu_x[i - in.Ba + 1] = cu_x[i - in.Ba] + lens[i];
+    }
+  }
+  in.dcp_buffer = be_.alloc(DType::I32, {static_cast<int64_t>(host.size())});
+  be_.upload(in.dcp_buffer.t, host.data());
+  auto view = [&](int64_t off, Shape shape) {
+    OwnedTensor v;
+    v.mem = in.dcp_buffer.mem;
+    v.t = Tensor{in.dcp_buffer.t.as<int32_t>() + off, DType::I32, std::move(shape), in.dcp_buffer.t.device};
+    return v;
+  };
+  in.dcp_slots = view(0, {T});
+  in.dcp_kv_lens = view(T, {B});
+  in.dcp_cu_kv_x = view(T + B, {B - in.Ba + 1});
 }
 
 }  // namespace kiln

@@ -24,14 +24,20 @@ struct DeepseekV3Model::StepInputs {
   OwnedTensor block_tables;     // [B, stride]
   OwnedTensor cu_q_x, cu_kv_x;  // [B - Ba + 1] each: the expanded part's, from 0
   std::vector<int32_t> logit_rows;  // the caller's logit rows in the reordered token order
+  // Decode context parallelism (ModelShard::dcp > 1): this rank's slot of each token (the spare
+  // row for other ranks' tokens), its own row count of each sequence, and the expanded part's
+  // cumulative own rows; x_kv_lens holds the expanded sequences' kv_lens on the host.
+  OwnedTensor dcp_buffer, dcp_slots, dcp_kv_lens, dcp_cu_kv_x;  // [T], [B], [B - Ba + 1]
+  std::vector<int32_t> x_kv_lens;
 
   // The paged cache of `layer` as sequences [first_seq, B) see it.
-  ops::PagedKv paged(const LatentKvPool& pool, int64_t layer, int64_t first_seq = 0) const {
+  // own_rows: this DCP rank's rows only.
+  ops::PagedKv paged(const LatentKvPool& pool, int64_t layer, int64_t first_seq = 0, bool own_rows = false) const {
     const int64_t stride = block_tables.t.shape[1];
     return {pool.layers[static_cast<size_t>(layer)].t.data,
             pool.dtype,
             block_tables.t.as<int32_t>() + first_seq * stride,
-            kv_lens.t.as<int32_t>() + first_seq,
+            (own_rows ? dcp_kv_lens : kv_lens).t.as<int32_t>() + first_seq,
             pool.block_size,
             stride};
   }
@@ -52,6 +58,9 @@ struct DeepseekV3Model::DecodeGraphs {
     return (b + 15) / 16 * 16;
   }
 };
+
+// Rows of a context of kv_len tokens that DCP rank `r` of `dcp` holds (positions r, r + dcp, ...).
+int64_t dcp_rows(int64_t kv_len, int64_t r, int64_t dcp);
 
 // Offsets of each array in the packed StepInputs buffer, for T tokens, B sequences and block
 // tables `stride` entries wide.

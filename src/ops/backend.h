@@ -102,6 +102,11 @@ class Backend {
   virtual void mla_prepare(const MlaPrepareParams& p) = 0;
   virtual void router(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
+  // The default goes through the host (download, remap, upload): correct on every backend, and
+  // what the CPU runs; a device kernel is a later speed-up for expert parallelism on CUDA.
+  virtual void expert_slice(const ExpertSliceParams& p);
+  // The same host default (decode context parallelism's merge of partial attention).
+  virtual void attention_merge(const AttentionMergeParams& p);
   virtual void log_softmax(const LogSoftmaxParams& p) = 0;
   // Token choice per row (params.h SampleParams); never modifies the logits.
   virtual void sample(const SampleParams& p) = 0;
@@ -111,5 +116,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 // The CUDA backend on the current device; throws when this build has no CUDA or no GPU is present.
 std::unique_ptr<Backend> make_cuda_backend();
 bool cuda_available();
+// Makes `device` the calling thread's current GPU (one rank per GPU: each rank's thread chooses
+// its own before making its backend); throws in a build without CUDA.
+void set_cuda_device(int device);
 
 }  // namespace kiln::ops

@@ -11,10 +11,14 @@ namespace kiln::ops {
 
 struct EmbeddingParams {
   const int32_t* ids;  // [num_tokens]
-  const void* table;   // [vocab, hidden]
+  const void* table;   // [vocab, hidden]: the rows of ids [vocab_begin, vocab_begin + vocab)
   DType table_dtype;
   float* out;  // [num_tokens, hidden]
   int64_t num_tokens, vocab, hidden;
+  // A vocabulary-parallel rank's slice of the table: id i reads row i - vocab_begin, and ids
+  // outside the slice give zero rows (another rank holds them; the ranks' rows are then summed).
+  int64_t vocab_begin = 0;
+  bool zero_outside = false;
 };
 
 struct RmsNormParams {
@@ -172,6 +176,19 @@ struct MlaAbsorbedParams {
   float* out;       // [total_q, num_heads, kv_lora]  (latent; W_uv folds it to v later)
   int64_t num_heads, kv_lora, rope_dim;
   float scale;
+  // Optional: each query's log-sum-exp of its scaled scores (-inf for a sequence with no keys), so
+  // that attention over parts of a context (decode context parallelism) can be merged
+  // (AttentionMergeParams). The CPU reference writes it; CUDA refuses it for now.
+  float* lse = nullptr;  // [total_q, num_heads]
+};
+
+// Merges attention outputs over disjoint parts of the keys: out = Σ_p exp(lse[p] - L) · parts[p]
+// with L = log Σ_p exp(lse[p]), per row; rows whose parts all have lse -inf get zeros.
+struct AttentionMergeParams {
+  const float* parts;  // [num_parts, rows, dim]
+  const float* lse;    // [num_parts, rows]
+  float* out;          // [rows, dim]
+  int64_t num_parts, rows, dim;
 };
 
 // Writes new latent rows into their pool slots; a BF16 pool stores them rounded to nearest even.
@@ -279,6 +296,15 @@ struct MoeParams {
   // Optional addend (the residual stream joining the FFN's output): out[t] += add[t]. Must not
   // overlap out.
   const float* add = nullptr;  // [num_tokens, hidden]
+};
+
+// Expert parallelism: keeps the routed choices of this rank's experts [begin, begin + count), in
+// place. A chosen expert inside the range becomes its local index (id - begin); one outside gets
+// weight 0 and local index 0, so moe() over the local experts adds nothing for it.
+struct ExpertSliceParams {
+  int32_t* topk_ids;    // [n]
+  float* topk_weights;  // [n]
+  int64_t n, begin, count;
 };
 
 // Row-wise log-softmax.

@@ -84,6 +84,9 @@ std::unique_ptr<Backend> make_cuda_backend() {
 bool cuda_available() {
   return false;
 }
+void set_cuda_device(int device) {
+  fail("GPU {}: this kiln was built without CUDA", device);
+}
 #endif
 
 }  // namespace kiln::ops

@@ -39,7 +39,11 @@ void fill_random(const Tensor& t, uint64_t seed, float scale) {
 void embedding(const EmbeddingParams& p) {
   const size_t esz = dtype_size(p.table_dtype);
   for (int64_t t = 0; t < p.num_tokens; ++t) {
-    int32_t id = p.ids[t];
+    const int64_t id = p.ids[t] - p.vocab_begin;
+    if (p.zero_outside && (id < 0 || id >= p.vocab)) {
+      std::fill_n(p.out + t * p.hidden, p.hidden, 0.0f);
+      continue;
+    }
     KILN_CHECK(id >= 0 && id < p.vocab, "token id {} is outside the vocabulary [0, {})", id, p.vocab);
     const auto* row = static_cast<const char*>(p.table) + static_cast<size_t>(id) * static_cast<size_t>(p.hidden) * esz;
     convert_to_f32(p.table_dtype, row, p.out + t * p.hidden, static_cast<size_t>(p.hidden));

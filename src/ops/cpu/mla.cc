@@ -2,6 +2,7 @@
 // absorbed form attends over the shared latent rows (DESIGN.md §4).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -106,6 +107,9 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
     const int64_t q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv.kv_lens[b];
     if (kv_len == 0) {  // a padding sequence: zeros, and its block table is never read
       std::fill(p.out + q0 * p.num_heads * p.kv_lora, p.out + (q0 + q_len) * p.num_heads * p.kv_lora, 0.0f);
+      if (p.lse)
+        std::fill(p.lse + q0 * p.num_heads, p.lse + (q0 + q_len) * p.num_heads,
+                  -std::numeric_limits<float>::infinity());
       continue;
     }
     KILN_CHECK(q_len >= 0 && kv_len >= q_len, "attention: sequence {} has {} queries but only {} keys", b, q_len,
@@ -123,6 +127,12 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
           float dot = 0;
           for (int64_t d = 0; d < row; ++d) dot += q[d] * kv[d];  // q_lat·c_kv + q_pe·k_pe
           s[static_cast<size_t>(j)] = dot * p.scale;
+        }
+        if (p.lse) {  // log Σ exp(s), before softmax_inplace turns the scores into weights
+          const float top = *std::max_element(s.begin(), s.end());
+          double total = 0;
+          for (float v : s) total += std::exp(static_cast<double>(v - top));
+          p.lse[(q0 + i) * p.num_heads + h] = top + static_cast<float>(std::log(total));
         }
         softmax_inplace(s.data(), visible);
         float* o = p.out + ((q0 + i) * p.num_heads + h) * p.kv_lora;

@@ -368,6 +368,12 @@ class CudaBackend final : public Backend {
   void add(const AddParams& p) override {
     run("add", [&] { cuda::add(p, stream_); });
   }
+  void expert_slice(const ExpertSliceParams& p) override {
+    run("expert_slice", [&] { cuda::expert_slice(p, stream_); });
+  }
+  void attention_merge(const AttentionMergeParams& p) override {
+    run("attention_merge", [&] { cuda::attention_merge(p, stream_); });
+  }
   void take_tokens(const TakeTokensParams& p) override {
     run("take_tokens", [&] { cuda::take_tokens(p, stream_); });
   }
@@ -381,6 +387,8 @@ class CudaBackend final : public Backend {
     run("mla_expanded", [&] { cuda::mla_expanded(p, stream_); });
   }
   void mla_absorbed(const MlaAbsorbedParams& p) override {
+    KILN_REQUIRE(p.lse == nullptr,
+                 "mla_absorbed: the log-sum-exp output (decode context parallelism) has no CUDA kernel yet");
     run("mla_absorbed", [&] { cuda::mla_absorbed(p, stream_); });
   }
   void kv_scatter(const KvScatterParams& p) override {
@@ -455,6 +463,13 @@ class CudaBackend final : public Backend {
 bool cuda_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+void set_cuda_device(int device) {
+  int n = 0;
+  KILN_REQUIRE(cudaGetDeviceCount(&n) == cudaSuccess && device >= 0 && device < n,
+               "GPU " + std::to_string(device) + " is not visible (" + std::to_string(n) + " GPUs)");
+  KILN_CUDA_CHECK(cudaSetDevice(device));
 }
 
 std::unique_ptr<Backend> make_cuda_backend() {

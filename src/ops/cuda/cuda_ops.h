@@ -34,6 +34,8 @@ void rms_norm(const RmsNormParams& p, cudaStream_t s);
 void rms_norm(const RmsNormParams& p, const BfParts& out, cudaStream_t s);
 void add(const AddParams& p, cudaStream_t s);
 void take_tokens(const TakeTokensParams& p, cudaStream_t s);
+void expert_slice(const ExpertSliceParams& p, cudaStream_t s);        // parallel.cu
+void attention_merge(const AttentionMergeParams& p, cudaStream_t s);  // parallel.cu
 void swiglu(const SwigluParams& p, cudaStream_t s);
 void swiglu(const SwigluParams& p, const BfParts& out, cudaStream_t s);  // p.out unused
 void rope(const RopeParams& p, cudaStream_t s);

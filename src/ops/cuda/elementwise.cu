@@ -18,8 +18,12 @@ __global__ void embedding_kernel(EmbeddingParams p, bool bf16) {
   pdl_wait();  // PDL: the previous kernel's outputs are visible from here on
   pdl_trigger();
   const int64_t t = blockIdx.x;
-  const int64_t id = p.ids[t];
-  if (id < 0 || id >= p.vocab) return;  // checked on the host before launch
+  const int64_t id = p.ids[t] - p.vocab_begin;
+  if (id < 0 || id >= p.vocab) {  // another rank's row (vocabulary parallel); else checked on the host
+    if (p.zero_outside)
+      for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) p.out[t * p.hidden + i] = 0.0f;
+    return;
+  }
   for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x)
     p.out[t * p.hidden + i] = load_w(p.table, id * p.hidden + i, bf16);
 }
