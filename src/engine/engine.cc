@@ -242,7 +242,8 @@ void Engine::intake() {
     // What the host must see between two steps of this request: its logits (a constraint's mask,
     // many top logprobs, prompt logprobs) or its latest tokens (penalties are counted on the host).
     s->overlap_safe = !s->constraint && p.top_logprobs <= ops::kMaxTopLogprobs && s->prompt_logprobs < 0 &&
-                      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+                      p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+                      p.frequency_penalty == 0.0f;
     unsafe_ += !s->overlap_safe;
     seqs_.emplace(s->id, std::move(seq));
     if (s->max_tokens == 0 && s->prompt_logprobs < 0)  // nothing to compute
