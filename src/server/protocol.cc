@@ -81,16 +81,12 @@ std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v, const Pro
       bad("logit_bias", fmt::format("'logit_bias' values must be between -100 and 100, got {} for {}", x, key));
     out.emplace_back(static_cast<int32_t>(id), static_cast<float>(x));
   }
-  // "5" and "05" name the same token: keep one entry per id (the later key's bias).
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::pair<int32_t, float>> uniq;
-  for (const auto& e : out) {
-    if (!uniq.empty() && uniq.back().first == e.first)
-      uniq.back() = e;
-    else
-      uniq.push_back(e);
-  }
-  return uniq;
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // "5" and "05" name the same token: which bias was meant is unclear.
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].first == out[i - 1].first)
+      bad("logit_bias", fmt::format("token id {} appears more than once in 'logit_bias'", out[i].first));
+  return out;
 }
 
 // Fields both endpoints share: model, sampling, stop, n, stream.

@@ -70,7 +70,6 @@ TEST(ServeTools, DeepSeekV31Format) {
   NEEDS_TINY_AND_NODE();
   ServeProcess s({"--tool-call-parser", "deepseek_v31"});
   ASSERT_TRUE(s.wait_ready()) << s.log();
-  EXPECT_NE(s.log().find("tool calls: deepseek_v31 (--tool-call-parser deepseek_v31)"), std::string::npos) << s.log();
   const CmdResult r = s.node("tools");
   EXPECT_EQ(r.code, 0) << r.out << "\n--- server log ---\n" << s.log();
 }
