@@ -43,6 +43,11 @@ void parse_output(std::string_view text, size_t split, ToolFormat f, bool reason
   b.append(parts.finish());
   if (a.content != b.content || a.reasoning != b.reasoning || a.tool_calls.size() != b.tool_calls.size())
     __builtin_trap();
+  // Streamed argument pieces add up to the whole call's arguments.
+  for (size_t i = 0; i < a.tool_calls.size(); ++i)
+    if (a.tool_calls[i].name != b.tool_calls[i].name || a.tool_calls[i].arguments != b.tool_calls[i].arguments ||
+        a.tool_calls[i].index != b.tool_calls[i].index)
+      __builtin_trap();
 }
 
 void match_arguments(std::string_view text) {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "cli/command.h"
@@ -19,6 +20,7 @@
 #include "engine/engine.h"
 #include "kv/kv_sizing.h"
 #include "server/server.h"
+#include "server/tool_format.h"
 
 namespace kiln::cli {
 namespace {
@@ -83,19 +85,13 @@ int run_serve(ServeArgs a) {
   } catch (const Error& e) {
     spdlog::warn("no chat template ({}); /v1/chat/completions will answer 400", e.what());
   }
-  auto has = [&](const char* t) { return tokenizer.token_to_id(t).has_value(); };
-  if (a.tool_parser == "auto")
-    a.cfg.tool_format = has("<|tool_calls_section_begin|>") ? server::ToolFormat::KimiK2
-                        : has("<\xEF\xBD\x9Ctool\xE2\x96\x81"
-                              "calls\xE2\x96\x81"
-                              "begin\xEF\xBD\x9C>")
-                            ? server::ToolFormat::DeepSeekV3
-                            : server::ToolFormat::None;
-  else if (auto f = server::parse_tool_format(a.tool_parser))
-    a.cfg.tool_format = *f;
-  else
-    throw Error(
-        fmt::format("--tool-call-parser: unknown format '{}' (auto, none, deepseek_v3, kimi_k2)", a.tool_parser));
+  auto has = [&](std::string_view t) { return tokenizer.token_to_id(std::string(t)).has_value(); };
+  nlohmann::json model_config;  // null when unreadable: load_model() below says why
+  if (std::ifstream in(std::filesystem::path(a.model) / "config.json"); in)
+    model_config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const server::ToolFormatChoice tools = server::choose_tool_format(a.tool_parser, model_config, has);
+  a.cfg.tool_format = tools.format;
+  spdlog::info("tool calls: {} ({})", server::tool_format_name(tools.format), tools.reason);
   KILN_CHECK(a.reasoning == "auto" || a.reasoning == "on" || a.reasoning == "off",
              "--reasoning-parser must be auto, on or off, got '{}'", a.reasoning);
   a.cfg.reasoning = a.reasoning == "on" || (a.reasoning == "auto" && has("</think>"));
@@ -140,10 +136,7 @@ int run_serve(ServeArgs a) {
     srv.shutdown();
   });
   spdlog::info("serving '{}' on http://{}:{} ({}, tool calls: {}, reasoning: {}, auth: {})", a.served_name, a.cfg.host,
-               srv.port(), m.backend->name(),
-               a.cfg.tool_format == server::ToolFormat::KimiK2       ? "kimi_k2"
-               : a.cfg.tool_format == server::ToolFormat::DeepSeekV3 ? "deepseek_v3"
-                                                                     : "none",
+               srv.port(), m.backend->name(), server::tool_format_name(a.cfg.tool_format),
                a.cfg.reasoning ? "on" : "off", a.cfg.api_key.empty() ? "off" : "on");
   std::fflush(stdout);
   srv.run();
@@ -189,7 +182,9 @@ KILN_COMMAND("serve", "OpenAI-compatible HTTP server (see docs/serving.md)", [](
   sub.add_option("--max-body-bytes", c.max_body_bytes, "largest request body; larger get 413")->capture_default_str();
   sub.add_option("--shutdown-timeout", c.shutdown_timeout_s, "seconds in-flight requests get after SIGTERM")
       ->capture_default_str();
-  sub.add_option("--tool-call-parser", a->tool_parser, "auto, none, deepseek_v3 or kimi_k2")->capture_default_str();
+  sub.add_option("--tool-call-parser", a->tool_parser,
+                 "none, deepseek_v3, deepseek_v31 or kimi_k2; auto: from config.json's model_type")
+      ->capture_default_str();
   sub.add_option("--reasoning-parser", a->reasoning, "split <think> text into reasoning_content: auto, on, off")
       ->capture_default_str();
   return [a] { return run_serve(*a); };

@@ -265,9 +265,10 @@ void Engine::intake() {
     // What the host must see between two steps of this request: its logits (a constraint's mask,
     // many top logprobs, prompt logprobs) or its latest tokens (penalties are counted on the host).
     s->overlap_safe = !s->constraint && p.top_logprobs <= ops::kMaxTopLogprobs && s->prompt_logprobs < 0 &&
-                      p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f;
+                      p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+                      p.frequency_penalty == 0.0f;
     // Speculation verifies on the host, so its requests take the serial loop; one that needs the
-    // host for its own sampling (constraint, penalties, prompt logprobs) decodes plainly.
+    // host for its own sampling (constraint, penalties, logit_bias, prompt logprobs) decodes plainly.
     if (!s->overlap_safe) s->spec_tokens = 0;
     if (s->spec_tokens > 0) s->overlap_safe = false;
     unsafe_ += !s->overlap_safe;

@@ -129,7 +129,9 @@ std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out, std::vect
   }
   const auto rows = static_cast<int64_t>(row_seq.size());
   auto host_only = [](const Sequence& s) {
-    return s.constraint != nullptr || s.sampler.params().top_logprobs > ops::kMaxTopLogprobs;
+    // logit_bias too: rare, and exact on the host (the device op has no bias input).
+    return s.constraint != nullptr || s.sampler.params().top_logprobs > ops::kMaxTopLogprobs ||
+           !s.sampler.params().logit_bias.empty();
   };
   // The rows the backend samples; when they are not simply every row (prompt-logprob rows or
   // host-sampled rows in the step), they are copied into a compact block first.

@@ -32,6 +32,13 @@ void SamplingParams::validate(int64_t vocab_size) const {
   for (int32_t t : stop_token_ids)
     KILN_CHECK(t >= 0 && t < vocab_size, "stop_token_ids: {} is outside the vocabulary [0, {})", t, vocab_size);
   for (const auto& s : stop) KILN_CHECK(!s.empty(), "stop: stop strings must not be empty");
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto [t, b] = logit_bias[i];
+    KILN_CHECK(t >= 0 && t < vocab_size, "logit_bias: {} is outside the vocabulary [0, {})", t, vocab_size);
+    KILN_CHECK(std::isfinite(b) && b >= -100 && b <= 100, "logit_bias: the bias of {} must be in [-100, 100], got {}",
+               t, b);
+    KILN_CHECK(i == 0 || logit_bias[i - 1].first < t, "logit_bias: ids must be ascending and distinct");
+  }
   KILN_CHECK(top_logprobs >= 0 && top_logprobs <= vocab_size, "top_logprobs must be in [0, {}], got {}", vocab_size,
              top_logprobs);
 }
@@ -101,6 +108,15 @@ SampleResult Sampler::sample(std::span<const float> logits, std::span<const int3
                              std::span<const int32_t> output) {
   // The sample op itself on one row, so the engine's CPU path and the op cannot drift apart.
   const int64_t n = static_cast<int64_t>(logits.size());
+  // logit_bias: the op draws from a biased copy; the logprobs are put back to the raw row's below.
+  std::vector<float> biased;
+  const std::span<const float> raw = logits;
+  if (!p_.logit_bias.empty()) {
+    biased.assign(logits.begin(), logits.end());
+    for (const auto& [t, b] : p_.logit_bias)
+      if (t < n) biased[static_cast<size_t>(t)] += b;  // validate() checked the ids; this row may be shorter
+    logits = biased;
+  }
   const PenaltyTokens pen = penalty_tokens(p_, prompt, output);
   const int32_t pen_off[2] = {0, static_cast<int32_t>(pen.ids.size())};
   const auto top_k = static_cast<int32_t>(std::clamp<int64_t>(p_.top_k, -1, std::numeric_limits<int32_t>::max()));
@@ -134,11 +150,13 @@ SampleResult Sampler::sample(std::span<const float> logits, std::span<const int3
   if (!p_.logprobs && p_.top_logprobs == 0) r.logprob = 0;
   for (int64_t j = 0; j < std::min(num_top, n); ++j)
     r.top.push_back({top_ids[static_cast<size_t>(j)], top_lp[static_cast<size_t>(j)]});
-  if (p_.top_logprobs > ops::kMaxTopLogprobs) {  // beyond the op's 20 (a server allowing more)
-    const float lse = ops::cpu::logsumexp_row(logits.data(), n);
+  // Beyond the op's 20 (a server allowing more), or a biased row: from the raw logits.
+  if (p_.top_logprobs > ops::kMaxTopLogprobs || !biased.empty()) {
+    const float lse = ops::cpu::logsumexp_row(raw.data(), n);
+    if (p_.logprobs || p_.top_logprobs > 0) r.logprob = raw[static_cast<size_t>(r.token)] - lse;
     r.top.clear();
-    for (int32_t t : ops::cpu::top_n_row(logits.data(), n, std::min(p_.top_logprobs, n)))
-      r.top.push_back({t, logits[static_cast<size_t>(t)] - lse});
+    for (int32_t t : ops::cpu::top_n_row(raw.data(), n, std::min(p_.top_logprobs, n)))
+      r.top.push_back({t, raw[static_cast<size_t>(t)] - lse});
   }
   return r;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -19,6 +20,10 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  // OpenAI logit_bias: (token id, bias in [-100, 100]) added to the raw logits before penalties and
+  // the draw, ids ascending and distinct. logprobs still report the unbiased model (as OpenAI and
+  // vLLM do). Rows with a bias are sampled on the host (engine/model_runner.cc).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // The request's own generator: the same seed gives the same tokens whatever else is batched.
   std::optional<uint64_t> seed;
 

@@ -45,7 +45,7 @@ std::shared_ptr<const ToolCallGrammar> Server::tool_grammar(const ParsedRequest&
   if (cfg_.tool_format == ToolFormat::None)
     throw ApiError(400,
                    fmt::format("tool_choice '{}' needs the model's tool-call format, and this server has none "
-                               "(start it with --tool-call-parser deepseek_v3 or kimi_k2)",
+                               "(start it with --tool-call-parser deepseek_v3, deepseek_v31 or kimi_k2)",
                                p.tool_choice == "function" ? p.tool_choice_name : p.tool_choice),
                    "tool_choice");
   vocab();
@@ -57,16 +57,11 @@ std::shared_ptr<const ToolCallGrammar> Server::tool_grammar(const ParsedRequest&
     if (f.contains("parameters")) spec.parameters = nlohmann::json::parse(f["parameters"].dump());
     tools.push_back(std::move(spec));
   }
-  ToolCallStyle style = ToolCallStyle::KimiK2;
-  if (cfg_.tool_format == ToolFormat::DeepSeekV3) {
-    // V3's template writes NAME + "\n```json\n" + ARGS; V3.1's NAME + <sep> + ARGS.
-    const std::string tmpl = tok_.config().is_object() && tok_.config().contains("chat_template")
-                                 ? tok_.config()["chat_template"].dump()
-                                 : "";
-    style = tmpl.find("```json") == std::string::npos && tmpl.find("tool\xE2\x96\x81sep") != std::string::npos
-                ? ToolCallStyle::DeepSeekV31
-                : ToolCallStyle::DeepSeekV3;
-  }
+  // V3 writes "function" <sep> NAME + "\n```json\n" + ARGS; V3.1 NAME <sep> ARGS (the server's flag or
+  // the model's config says which, cli/cmd_serve.cc).
+  const ToolCallStyle style = cfg_.tool_format == ToolFormat::KimiK2        ? ToolCallStyle::KimiK2
+                              : cfg_.tool_format == ToolFormat::DeepSeekV31 ? ToolCallStyle::DeepSeekV31
+                                                                            : ToolCallStyle::DeepSeekV3;
   return std::make_shared<ToolCallGrammar>(vocab_, style, tools, end_ids());
 }
 

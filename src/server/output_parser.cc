@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <random>
 
 namespace kiln::server {
@@ -54,10 +55,18 @@ const ToolMarkers& tool_markers(ToolFormat f) {
 }
 
 std::optional<ToolFormat> parse_tool_format(const std::string& name) {
-  if (name == "none") return ToolFormat::None;
-  if (name == "deepseek_v3") return ToolFormat::DeepSeekV3;
-  if (name == "kimi_k2") return ToolFormat::KimiK2;
+  for (ToolFormat f : {ToolFormat::None, ToolFormat::DeepSeekV3, ToolFormat::DeepSeekV31, ToolFormat::KimiK2})
+    if (name == tool_format_name(f)) return f;
   return std::nullopt;
+}
+
+const char* tool_format_name(ToolFormat f) {
+  switch (f) {
+    case ToolFormat::DeepSeekV3: return "deepseek_v3";
+    case ToolFormat::DeepSeekV31: return "deepseek_v31";
+    case ToolFormat::KimiK2: return "kimi_k2";
+    default: return "none";
+  }
 }
 
 std::string make_tool_call_id() {
@@ -68,7 +77,14 @@ std::string make_tool_call_id() {
 void ParsedDelta::append(ParsedDelta&& d) {
   content += d.content;
   reasoning += d.reasoning;
-  for (auto& c : d.tool_calls) tool_calls.push_back(std::move(c));
+  for (auto& c : d.tool_calls) add_call(std::move(c));
+}
+
+void ParsedDelta::add_call(ParsedToolCall&& c) {
+  if (c.id.empty() && !tool_calls.empty() && tool_calls.back().index == c.index)
+    tool_calls.back().arguments += c.arguments;
+  else
+    tool_calls.push_back(std::move(c));
 }
 
 OutputParser::OutputParser(ToolFormat tools, bool reasoning, bool in_reasoning)
@@ -137,57 +153,126 @@ void OutputParser::run(bool final, ParsedDelta& out) {
       buf_.erase(0, buf_.size() - keep);
       return;
     }
-    // Tools: emit each call as its end marker arrives; the section end returns to content.
-    const Markers& m = markers(fmt_);
-    const size_t ce = buf_.find(m.call_end), se = buf_.find(m.section_end);
-    if (se != std::string::npos && (ce == std::string::npos || se < ce)) {
-      buf_.erase(0, se + m.section_end.size());
-      state_ = State::Content;
+    // Tools: a call opens once its name is known and streams its arguments until its end marker.
+    if (open_) {
+      feed_arguments(buf_.find(markers(fmt_).call_end), final, out);
+      if (open_) return;
       continue;
     }
-    if (ce == std::string::npos) return;  // wait for the call to complete (finish() flushes it raw)
-    ParsedToolCall call;
-    if (parse_call(std::string_view(buf_).substr(0, ce), call)) {
-      out.tool_calls.push_back(std::move(call));
-    } else {
-      out.content += buf_.substr(0, ce + m.call_end.size());  // not a call after all: keep the text
-    }
-    buf_.erase(0, ce + m.call_end.size());
+    if (!open_call(out)) return;
   }
 }
 
-bool OutputParser::parse_call(std::string_view s, ParsedToolCall& out) {
+bool OutputParser::open_call(ParsedDelta& out) {
   const Markers& m = markers(fmt_);
-  const size_t b = s.find(m.call_begin);
-  if (b == std::string_view::npos) return false;
-  s = s.substr(b + m.call_begin.size());
-  const size_t sep = s.find(m.sep);
-  if (sep == std::string_view::npos) return false;
-  std::string head = trim(s.substr(0, sep));
-  std::string_view rest = s.substr(sep + m.sep.size());
+  constexpr size_t npos = std::string::npos;
+  const size_t se = buf_.find(m.section_end), cb = buf_.find(m.call_begin), ce = buf_.find(m.call_end);
+  if (se != npos && se < cb && se < ce) {  // the section ends: back to content
+    buf_.erase(0, se + m.section_end.size());
+    state_ = State::Content;
+    return true;
+  }
+  // Text ended by an end marker with no call head before it: not a call after all, keep the text.
+  auto not_a_call = [&] {
+    out.content += buf_.substr(0, ce + m.call_end.size());
+    buf_.erase(0, ce + m.call_end.size());
+    return true;
+  };
+  if (ce != npos && ce < cb) return not_a_call();
+  if (cb == npos) return false;  // wait (finish() flushes the text raw)
+  const size_t after = cb + m.call_begin.size(), sp = buf_.find(m.sep, after);
+  if (sp == npos || sp > ce) return ce != npos ? not_a_call() : false;
+  const std::string head = trim(std::string_view(buf_).substr(after, sp - after));
+  size_t args_at = sp + m.sep.size();
+  ParsedToolCall call;
+  call.index = calls_;
+  bool fenced = false;
   if (fmt_ == ToolFormat::KimiK2) {
     // "functions.NAME:IDX": the id Kimi's template expects back in the tool message.
-    out.id = head;
+    call.id = head;
     std::string name = head;
     if (name.rfind("functions.", 0) == 0) name = name.substr(10);
     if (const size_t c = name.rfind(':'); c != std::string::npos) name = name.substr(0, c);
-    out.name = name;
-    out.arguments = trim(rest);
+    call.name = name;
   } else if (head == "function") {  // V3: NAME\n```json\nARGS\n```
-    const size_t nl = rest.find('\n');
-    out.name = trim(rest.substr(0, nl));
-    std::string args = nl == std::string_view::npos ? std::string() : trim(rest.substr(nl + 1));
-    if (args.rfind("```json", 0) == 0) args = args.substr(7);
-    if (args.size() >= 3 && args.compare(args.size() - 3, 3, "```") == 0) args.resize(args.size() - 3);
-    out.arguments = trim(args);
-    out.id = make_tool_call_id();
+    const size_t nl = buf_.find('\n', args_at);
+    if (nl == npos || nl > ce) {
+      if (ce == npos) return false;  // the name may go on (cut off here: content)
+      call.name = trim(std::string_view(buf_).substr(args_at, ce - args_at));
+      args_at = ce;
+    } else {
+      call.name = trim(std::string_view(buf_).substr(args_at, nl - args_at));
+      args_at = nl + 1;
+    }
+    fenced = true;
   } else {  // V3.1: NAME<sep>ARGS
-    out.name = head;
-    out.arguments = trim(rest);
-    out.id = make_tool_call_id();
+    call.name = head;
   }
+  if (call.name.empty()) return ce != npos ? not_a_call() : false;
+  if (call.id.empty()) call.id = make_tool_call_id();
+  out.add_call(std::move(call));
+  buf_.erase(0, args_at);
+  open_ = true;
+  fenced_ = fenced;
+  sent_ = 0;
+  return true;
+}
+
+namespace {
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+constexpr std::string_view kFence = "```json";
+
+// The arguments of a whole call: trimmed, and V3's fence dropped.
+std::string whole_arguments(std::string_view raw, bool fenced) {
+  std::string a = trim(raw);
+  if (!fenced) return a;
+  if (a.rfind(kFence, 0) == 0) a = a.substr(kFence.size());
+  if (a.size() >= 3 && a.compare(a.size() - 3, 3, "```") == 0) a.resize(a.size() - 3);
+  return trim(a);
+}
+
+// What of a call's arguments so far can no longer change, whatever follows: a prefix of
+// whole_arguments() of any continuation. Held back: leading whitespace and a fence that may still
+// be forming, trailing whitespace (and backticks when fenced), and the start of the end marker.
+std::string_view stable_arguments(std::string_view raw, bool fenced, std::string_view end_marker) {
+  const size_t held = held_suffix(raw, end_marker);
+  raw = raw.substr(0, raw.size() - held);
+  size_t b = 0;
+  while (b < raw.size() && is_space(raw[b])) ++b;
+  std::string_view s = raw.substr(b);
+  if (fenced) {
+    if (s.size() < kFence.size() && kFence.substr(0, s.size()) == s) return {};
+    if (s.substr(0, kFence.size()) == kFence) {
+      s = s.substr(kFence.size());
+      while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+    }
+  }
+  while (!s.empty() && (is_space(s.back()) || (fenced && s.back() == '`'))) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+void OutputParser::feed_arguments(size_t end, bool final, ParsedDelta& out) {
+  const std::string_view m = markers(fmt_).call_end;
+  const bool closing = end != std::string::npos || final;
+  const std::string_view raw = std::string_view(buf_).substr(0, closing ? std::min(end, buf_.size()) : buf_.size());
+  const std::string args = closing ? whole_arguments(raw, fenced_) : std::string(stable_arguments(raw, fenced_, m));
+  if (args.size() > sent_) {
+    ParsedToolCall piece;
+    piece.index = calls_;
+    piece.arguments = args.substr(sent_);
+    out.add_call(std::move(piece));
+    sent_ = args.size();
+  }
+  if (!closing) return;
+  buf_.erase(0, end == std::string::npos ? buf_.size() : end + m.size());
+  open_ = false;
   ++calls_;
-  return !out.name.empty();
 }
 
 }  // namespace kiln::server

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -56,6 +57,36 @@ std::vector<int32_t> token_ids(const json& v, const std::string& param, int64_t 
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
+}
+
+// OpenAI's {"token id": bias, ...}: ids as decimal strings inside the vocabulary, biases in
+// [-100, 100], at most lim.max_logit_bias entries; returned ids ascending.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& v, const ProtocolLimits& lim) {
+  if (!v.is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  if (static_cast<int64_t>(v.size()) > lim.max_logit_bias)
+    bad("logit_bias", fmt::format("'logit_bias' holds at most {} entries, got {}", lim.max_logit_bias, v.size()));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, val] : v.items()) {
+    // Digits only (no sign, space or exponent); more than 10 digits cannot be an int32 id.
+    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (!digits) bad("logit_bias", fmt::format("'logit_bias' keys must be token ids, got \"{}\"", key));
+    if (id >= lim.vocab_size)
+      bad("logit_bias",
+          fmt::format("token id {} in 'logit_bias' is outside the vocabulary [0, {})", id, lim.vocab_size));
+    if (!val.is_number())
+      bad("logit_bias", fmt::format("'logit_bias' values must be numbers, got {} for {}", val.type_name(), key));
+    const double x = val.get<double>();
+    if (!std::isfinite(x) || x < -100 || x > 100)
+      bad("logit_bias", fmt::format("'logit_bias' values must be between -100 and 100, got {} for {}", x, key));
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(x));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // "5" and "05" name the same token: which bias was meant is unclear.
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].first == out[i - 1].first)
+      bad("logit_bias", fmt::format("token id {} appears more than once in 'logit_bias'", out[i].first));
+  return out;
 }
 
 // Fields both endpoints share: model, sampling, stop, n, stream.
@@ -114,8 +145,7 @@ void parse_common(const json& b, const ProtocolLimits& lim, ParsedRequest& r) {
   r.n = get_int(b, "n", 1, lim.max_n, 1);
   if (present(b, "best_of") && get_int(b, "best_of", 1, lim.max_n, 1) != r.n)
     bad("best_of", "'best_of' other than n is not supported");
-  if (present(b, "logit_bias") && !(b["logit_bias"].is_object() && b["logit_bias"].empty()))
-    bad("logit_bias", "'logit_bias' is not supported");
+  if (present(b, "logit_bias")) s.logit_bias = parse_logit_bias(b["logit_bias"], lim);
   r.stream = get_bool(b, "stream", false);
   if (present(b, "stream_options")) {
     const json& so = b["stream_options"];

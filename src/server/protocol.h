@@ -16,11 +16,12 @@
 namespace kiln::server {
 
 struct ProtocolLimits {
-  int64_t vocab_size = 0;     // token ids in prompts and stop_token_ids must be below this
-  int64_t max_n = 16;         // choices per request
-  int64_t max_stop = 16;      // stop strings
-  int64_t max_logprobs = 20;  // top_logprobs (chat) / logprobs (completions)
-  int64_t max_prompts = 64;   // prompts in one /v1/completions request
+  int64_t vocab_size = 0;        // token ids in prompts and stop_token_ids must be below this
+  int64_t max_n = 16;            // choices per request
+  int64_t max_stop = 16;         // stop strings
+  int64_t max_logprobs = 20;     // top_logprobs (chat) / logprobs (completions)
+  int64_t max_prompts = 64;      // prompts in one /v1/completions request
+  int64_t max_logit_bias = 300;  // logit_bias entries (OpenAI's limit)
 };
 
 struct ParsedRequest {

@@ -299,8 +299,16 @@ void Server::respond_stream(const std::shared_ptr<Job>& job, http::Response& res
             return false;
         }
         if (!d.tool_calls.empty()) {
+          // OpenAI's form: a call's first delta has its id, type and name, later ones more arguments.
           json calls = json::array();
-          for (auto& tc : d.tool_calls) calls.push_back(tool_call_json(tc, c.tool_calls++));
+          for (auto& tc : d.tool_calls) {
+            if (tc.id.empty()) {
+              calls.push_back({{"index", tc.index}, {"function", {{"arguments", tc.arguments}}}});
+            } else {
+              calls.push_back(tool_call_json(tc, tc.index));
+              ++c.tool_calls;
+            }
+          }
           if (!event(chunk_json({{"index", k},
                                  {"delta", {{"tool_calls", calls}}},
                                  {"logprobs", nullptr},

@@ -155,6 +155,38 @@ TEST(Sampler, LogprobsComeFromTheRawDistribution) {
   EXPECT_EQ(r.top[1].token, 3);
 }
 
+// logit_bias moves the choice (greedy and drawn) but not the logprobs, which stay the raw row's.
+TEST(Sampler, LogitBiasMovesTheChoiceNotTheLogprobs) {
+  const std::vector<float> l = {1.0f, 3.0f, 2.0f, 0.0f};
+  const auto lp = log_softmax_row(l.data(), 4);
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  p.top_logprobs = 2;
+  EXPECT_EQ(Sampler(p).sample(l, {}, {}).token, 1);
+  p.logit_bias = {{1, -100.0f}, {3, 2.5f}};  // 1 banned; 3 lifted to 2.5, above 2's 2.0
+  SampleResult r = Sampler(p).sample(l, {}, {});
+  EXPECT_EQ(r.token, 3);
+  EXPECT_FLOAT_EQ(r.logprob, lp[3]);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].token, 1);  // the raw model's most likely, banned or not
+  EXPECT_FLOAT_EQ(r.top[0].logprob, lp[1]);
+  EXPECT_EQ(r.top[1].token, 2);
+  // A draw: +100 on one token makes it the only one with any mass, whatever the seed.
+  p.temperature = 1;
+  p.logit_bias = {{0, 100.0f}};
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    p.seed = seed;
+    EXPECT_EQ(Sampler(p).sample(l, {}, {}).token, 0);
+  }
+  // Bias before penalties (vLLM's order): the biased logit 1 + 9 = 10 is divided by 10 -> 1.
+  p.temperature = 0;
+  p.logit_bias = {{0, 9.0f}};
+  p.repetition_penalty = 10.0f;
+  const std::vector<int32_t> prompt = {0};
+  EXPECT_EQ(Sampler(p).sample(l, prompt, {}).token, 1);
+}
+
 TEST(Sampler, ValidationNamesTheField) {
   SamplingParams p;
   p.top_p = 0;
@@ -167,7 +199,15 @@ TEST(Sampler, ValidationNamesTheField) {
   SamplingParams q;
   q.stop_token_ids = {10};
   EXPECT_THROW(q.validate(10), Error);
+  SamplingParams b;
+  b.logit_bias = {{10, 1.0f}};
+  EXPECT_THROW(b.validate(10), Error);
+  b.logit_bias = {{2, 101.0f}};
+  EXPECT_THROW(b.validate(10), Error);
+  b.logit_bias = {{3, 1.0f}, {2, 1.0f}};
+  EXPECT_THROW(b.validate(10), Error);
   SamplingParams ok;
+  ok.logit_bias = {{0, -100.0f}, {9, 100.0f}};
   EXPECT_NO_THROW(ok.validate(10));
 }
 

@@ -5,6 +5,7 @@
 import { pathToFileURL } from "node:url";
 import path from "node:path";
 import assert from "node:assert/strict";
+import fs from "node:fs";
 
 const args = Object.fromEntries(
   process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
@@ -154,6 +155,7 @@ async function e2e() {
   ok("n = 3");
 
   await tools();
+  await logitBias();
 
   const health = await fetch(`${base}/health`);
   assert.equal(health.status, 200);
@@ -162,6 +164,60 @@ async function e2e() {
     "kiln_num_requests_running", "kiln_prefix_cache_hit_rate", "kiln_kernel_plan_info"])
     assert.ok(metrics.includes(m), `metrics has ${m}`);
   ok("health and metrics");
+}
+
+// kiln-tiny's vocabulary by decoded text: GPT-2's byte-to-character mapping undone.
+function byteLevelIds() {
+  const bs = [];
+  for (let b = 33; b <= 126; b++) bs.push(b);
+  for (let b = 161; b <= 172; b++) bs.push(b);
+  for (let b = 174; b <= 255; b++) bs.push(b);
+  const cs = [...bs];
+  for (let b = 0, n = 0; b < 256; b++) if (!bs.includes(b)) bs.push(b), cs.push(256 + n++);
+  const byteOf = new Map(cs.map((c, i) => [String.fromCodePoint(c), bs[i]]));
+  const file = new URL("../../models/kiln-tiny/tokenizer.json", import.meta.url);
+  const vocab = JSON.parse(fs.readFileSync(file, "utf8")).model.vocab;
+  const out = {};
+  for (const [k, id] of Object.entries(vocab)) {
+    const bytes = [...k].map((ch) => byteOf.get(ch));
+    if (bytes.every((b) => b !== undefined)) out[Buffer.from(bytes).toString("utf8")] ??= id;
+  }
+  return out;
+}
+
+// logit_bias: +100 on one token makes it every choice; the logprob reported with it is the raw
+// model's (the same as scoring that token as part of the prompt), not the biased one; -100 bans.
+async function logitBias() {
+  const c = client();
+  const model = await modelName();
+  const prefix = [10, 20, 30], X = 501;  // kiln-tiny's "ive"
+  const scored = await c.completions.create({ model, prompt: [...prefix, X], max_tokens: 0, echo: true,
+    logprobs: 0 });
+  const raw = scored.choices[0].logprobs.token_logprobs.at(-1), xText = scored.choices[0].logprobs.tokens.at(-1);
+  assert.ok(raw < -1, `token ${X} is not already the likely one (raw logprob ${raw})`);
+  const biased = await c.completions.create({ model, prompt: prefix, max_tokens: 3, temperature: 0, logprobs: 0,
+    logit_bias: { [X]: 100 } });
+  assert.equal(biased.choices[0].text, xText.repeat(3));
+  assert.ok(Math.abs(biased.choices[0].logprobs.token_logprobs[0] - raw) < 1e-3,
+    `logprob ${biased.choices[0].logprobs.token_logprobs[0]} is the raw ${raw}`);
+  const drawn = await c.completions.create({ model, prompt: prefix, max_tokens: 3, temperature: 1, seed: 3,
+    logit_bias: { [X]: 100 } });
+  assert.equal(drawn.choices[0].text, xText.repeat(3));
+  const chat = await c.chat.completions.create({ model, messages: [{ role: "user", content: "hi" }], max_tokens: 3,
+    temperature: 0, logit_bias: { [X]: 100 } });
+  assert.equal(chat.choices[0].message.content, xText.repeat(3));
+  // -100 on the greedy first token (its id from tokenizer.json's byte-level vocabulary): another one
+  // comes, and the greedy one is still reported as the most likely.
+  const plain = await c.completions.create({ model, prompt: prefix, max_tokens: 1, temperature: 0, logprobs: 1 });
+  const first = plain.choices[0].logprobs.tokens[0];
+  const id = byteLevelIds()[first];
+  assert.ok(Number.isInteger(id), `id of ${JSON.stringify(first)}`);
+  const ban = await c.completions.create({ model, prompt: prefix, max_tokens: 1, temperature: 0, logprobs: 1,
+    logit_bias: { [id]: -100 } });
+  const blp = ban.choices[0].logprobs;
+  assert.notEqual(blp.tokens[0], first);
+  assert.ok(first in blp.top_logprobs[0], `the raw top token is still reported: ${JSON.stringify(blp)}`);
+  ok("logit_bias: +100 forces a token (greedy and drawn, chat and completions), -100 bans, logprobs stay raw");
 }
 
 // Tool calls: tool_choice naming a function or "required" is enforced by constrained decoding
@@ -203,19 +259,27 @@ async function tools() {
   const stream = await c.chat.completions.create({ model, messages, tools, tool_choice: named, max_tokens: 400,
     temperature: 0, stream: true });
   const calls = [];
-  let finish = null;
+  let finish = null, pieces = 0;
   for await (const chunk of stream)
     for (const ch of chunk.choices) {
       if (ch.finish_reason) finish = ch.finish_reason;
       for (const tc of ch.delta.tool_calls ?? []) {
-        calls[tc.index] ??= { name: "", arguments: "" };
-        calls[tc.index].name += tc.function?.name ?? "";
-        calls[tc.index].arguments += tc.function?.arguments ?? "";
+        // OpenAI's delta form: the first names the call (id, type, name), the rest add arguments (how
+        // many pieces depends on how the engine's tokens meet the connection's writes; the parser's
+        // test, output_parser_test.cc, pins down that they stream).
+        if (!calls[tc.index]) {
+          assert.ok(tc.id && tc.type === "function" && tc.function.name, `first delta: ${JSON.stringify(tc)}`);
+          calls[tc.index] = { name: tc.function.name, arguments: tc.function.arguments ?? "" };
+        } else {
+          assert.ok(!tc.id && !tc.function.name && tc.function.arguments, `later delta: ${JSON.stringify(tc)}`);
+          calls[tc.index].arguments += tc.function.arguments;
+          ++pieces;
+        }
       }
     }
   assert.equal(finish, "tool_calls");
   assert.deepEqual(calls, [{ name: "get_weather", arguments: call.function.arguments }]);
-  ok("streamed tool-call deltas concatenate to the same call");
+  ok(`streamed tool-call deltas concatenate to the same call (arguments in ${pieces} pieces)`);
 
   const req = await c.chat.completions.create({ model, messages, tools, tool_choice: "required", max_tokens: 400,
     temperature: 0 });

@@ -120,6 +120,27 @@ TEST(Protocol, RejectionsNameTheParameter) {
   EXPECT_EQ(rejected_param({{"prompt", "x"}, {"logprobs", 21}}, false), "logprobs");
 }
 
+// logit_bias: {"id": bias} with ids in the vocabulary and biases in [-100, 100], at most 300 entries;
+// accepted ones arrive ascending; two spellings of one id are refused.
+TEST(Protocol, LogitBias) {
+  const ParsedRequest r = parse_chat_request(chat({{"logit_bias", {{"7", -100}, {"3", 2.5}, {"0", 0}}}}), limits());
+  using E = std::pair<int32_t, float>;
+  EXPECT_EQ(r.sampling.logit_bias, (std::vector<E>{{0, 0.0f}, {3, 2.5f}, {7, -100.0f}}));
+  EXPECT_TRUE(parse_completion_request({{"prompt", "x"}, {"logit_bias", json::object()}}, limits())
+                  .sampling.logit_bias.empty());
+  for (const json& bad : {json{{"1000", 1}}, json{{"-1", 1}}, json{{"x", 1}}, json{{"1e2", 1}}, json{{"", 1}},
+                          json{{"99999999999", 1}}, json{{"5", 100.5}}, json{{"5", -101}}, json{{"5", "1"}},
+                          json{{"5", nullptr}}, json::array({5}), json{{"7", 1}, {"007", 2}}}) {
+    EXPECT_EQ(rejected_param(chat({{"logit_bias", bad}})), "logit_bias") << bad.dump();
+    EXPECT_EQ(rejected_param({{"prompt", "x"}, {"logit_bias", bad}}, false), "logit_bias") << bad.dump();
+  }
+  json many = json::object();
+  for (int i = 0; i < 300; ++i) many[std::to_string(i)] = 1;
+  EXPECT_EQ(parse_chat_request(chat({{"logit_bias", many}}), limits()).sampling.logit_bias.size(), 300u);
+  many["300"] = 1;
+  EXPECT_EQ(rejected_param(chat({{"logit_bias", many}})), "logit_bias");
+}
+
 // The message states the range each endpoint accepts: chat rejects 0, completions take it (echo).
 TEST(Protocol, MaxTokensErrorStatesTheAcceptedRange) {
   auto message = [](const json& body, bool is_chat) -> std::string {

@@ -65,6 +65,15 @@ TEST(ServeTools, KimiK2Format) {
   EXPECT_EQ(r.code, 0) << r.out << "\n--- server log ---\n" << s.log();
 }
 
+// And in DeepSeek-V3.1's (NAME<sep>ARGS, no fence), chosen by the flag.
+TEST(ServeTools, DeepSeekV31Format) {
+  NEEDS_TINY_AND_NODE();
+  ServeProcess s({"--tool-call-parser", "deepseek_v31"});
+  ASSERT_TRUE(s.wait_ready()) << s.log();
+  const CmdResult r = s.node("tools");
+  EXPECT_EQ(r.code, 0) << r.out << "\n--- server log ---\n" << s.log();
+}
+
 TEST(ServeAuth, KeyRequiredExceptHealth) {
   NEEDS_TINY_AND_NODE();
   ServeProcess s({"--api-key", "sekrit-test-key"});
