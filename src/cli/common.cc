@@ -97,6 +97,11 @@ void add_precision_options(CLI::App& sub, Precision& p) {
                  "--activation-dtype), f32 or bf16 (with --activation-dtype f32: most of bf16's prefill speed, a "
                  "third of its logprob drift on the bundled model with the f32 cache; docs/results.md)")
       ->capture_default_str();
+  sub.add_option("--quantization", p.quantization,
+                 "none (weights as the checkpoint ships them: FP8 and INT4 checkpoints stay quantized) or fp8 "
+                 "(block-quantize a bf16/f32 checkpoint's projections to e4m3 with 128x128 scales at load, as "
+                 "DeepSeek-V3 ships them; docs/quantization.md)")
+      ->capture_default_str();
 }
 
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model) {
@@ -120,20 +125,26 @@ void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model&
     backend.set_expert_activation_dtype(p.expert_activation_dtype == "bf16" ? DType::BF16 : DType::F32);
 }
 
+WeightQuant parse_quantization(const std::string& s) {
+  KILN_CHECK(s == "none" || s == "fp8", "--quantization must be none or fp8, got \"{}\"", s);
+  return parse_weight_quant(s, "--quantization");
+}
+
 LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision,
                        const std::string& load_format) {
   KILN_CHECK(load_format == "auto" || load_format == "dummy", "--load-format must be auto or dummy, got \"{}\"",
              load_format);
+  const WeightQuant quant = parse_quantization(precision.quantization);
   LoadedModel m;
   m.backend = make_backend(device);
   if (load_format == "dummy") {
     const std::string config = (std::filesystem::path(dir) / "config.json").string();
     ModelConfig c = load_model_config(config);
     spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
-    ModelWeights w = random_weights(c, *m.backend, /*seed=*/0);
+    ModelWeights w = random_weights(c, *m.backend, /*seed=*/0, quant);
     m.model = std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), *m.backend);
   } else {
-    m.model = DeepseekV3Model::load(dir, *m.backend);
+    m.model = DeepseekV3Model::load(dir, *m.backend, quant);
   }
   apply_precision(precision, *m.backend, *m.model);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,

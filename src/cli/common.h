@@ -35,10 +35,14 @@ struct Precision {
   std::string kv_dtype = "auto";          // latent KV cache: auto (the backend's), bf16 or f32
   std::string activation_dtype = "auto";  // tensor-core GEMM activations: auto (bf16 on CUDA), f32 (hi/lo split), bf16
   std::string expert_activation_dtype = "auto";  // the MoE experts' alone: auto (as above), f32 or bf16
+  std::string quantization = "none";             // none (as the checkpoint ships) or fp8 (block-quantized at load)
 };
 void add_precision_options(CLI::App& sub, Precision& p);
 // Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
+
+// --quantization: none or fp8 (an error naming the flag otherwise).
+WeightQuant parse_quantization(const std::string& s);
 
 // load_format: "auto" reads the checkpoint's safetensors; "dummy" gives random weights of the
 // shapes in dir/config.json (vLLM's spelling), for serving benchmarks at any model shape.

@@ -31,8 +31,9 @@ class DeepseekV3Model {
  public:
   DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend);
   ~DeepseekV3Model();
-  // Loads config.json and the safetensors checkpoint of `dir`.
-  static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend);
+  // Loads config.json and the safetensors checkpoint of `dir` (quant: load_weights).
+  static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend,
+                                               WeightQuant quant = WeightQuant::None);
 
   const ModelConfig& config() const { return c_; }
   ops::Backend& backend() const { return be_; }
