@@ -92,9 +92,15 @@ HostWeight read_int4(const ModelConfig& c, const Checkpoint& ckpt, const std::st
   KILN_CHECK(sh->shape == Shape{2}, "{}: \"{}\" must hold 2 values, has shape {}", sh->file, sh->name,
              shape_str(sh->shape));
   Shape stored(2);
-  for (size_t i = 0; i < 2; ++i)
-    stored[i] =
-        sh->dtype == DType::I32 ? static_cast<const int32_t*>(sh->data)[i] : static_cast<const int64_t*>(sh->data)[i];
+  for (size_t i = 0; i < 2; ++i) {  // memcpy: safetensors data need not be aligned
+    if (sh->dtype == DType::I32) {
+      int32_t v;
+      std::memcpy(&v, static_cast<const char*>(sh->data) + 4 * i, 4);
+      stored[i] = v;
+    } else {
+      std::memcpy(&stored[i], static_cast<const char*>(sh->data) + 8 * i, 8);
+    }
+  }
   KILN_CHECK(stored == shape, "{}: \"{}\" says {} but the config expects {}", sh->file, sh->name, shape_str(stored),
              shape_str(shape));
   const Shape packed = {w.n, ceil_div(w.k, 8)};
@@ -141,7 +147,10 @@ class Loader {
   HostWeight weight(const std::string& name) {
     const WeightSpec& w = spec(name);
     HostWeight h;
+    const std::string base = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
     if (const SafetensorsEntry* e = ckpt_.find(name)) {
+      KILN_CHECK(ckpt_.find(base + ".weight_packed") == nullptr, "{}: \"{}\" ships both plain and packed (\"{}\")",
+                 e->file, name, base + ".weight_packed");
       KILN_CHECK(e->shape == w.shape, "{}: tensor \"{}\" has shape {} but the config expects {}", e->file, name,
                  shape_str(e->shape), shape_str(w.shape));
       require_float(*e);
@@ -154,7 +163,6 @@ class Loader {
       }
       progress_.advance(e->nbytes);
     } else {
-      const std::string base = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
       const SafetensorsEntry* p = ckpt_.find(base + ".weight_packed");
       KILN_CHECK(p != nullptr && w.shape.size() == 2, "{}: missing tensor \"{}\" (expected shape {})", ckpt_.dir(),
                  name, shape_str(w.shape));

@@ -360,6 +360,29 @@ TEST_F(Quantized, RandomQuantizedWeightsKeepTheFormsInAgreement) {
   }
 }
 
+// `bench model --random-weights --weight-dtype fp8|int4` runs quantized random weights (odd widths:
+// partial blocks, groups and words) and records the format; misuse names the flag.
+TEST_F(Quantized, BenchModelTakesQuantizedRandomWeights) {
+  const std::string cfg = data_path("fixtures/h5_noqlora_dense2_odd/config.json");
+  fs::create_directories(dir_);
+  for (const std::string d : {"fp8", "int4"}) {
+    const std::string out = dir_ + "/bench_" + d + ".json";
+    auto r = run_kiln("bench model --config " + cfg + " --random-weights --weight-dtype " + d +
+                      " --batch-sizes 2 --prompt-len 4 --decode-steps 3 --json " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const json j = read_json(out);
+    EXPECT_EQ(j["weight_dtype"], d);
+    ASSERT_EQ(j["results"].size(), 1u);
+    EXPECT_EQ(j["results"][0]["decode_steps"], 2);  // the first new token comes from the prefill
+  }
+  auto bad = run_kiln("bench model --config " + cfg + " --random-weights --weight-dtype int3");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.out.find("--weight-dtype"), std::string::npos) << bad.out;
+  auto ckpt = run_kiln("bench model --model " + fixture_ + " --weight-dtype fp8");
+  EXPECT_EQ(ckpt.exit_code, 1);
+  EXPECT_NE(ckpt.out.find("--random-weights"), std::string::npos) << ckpt.out;
+}
+
 // The fixtures tools/make_fixtures.py writes from transformers at the production attention widths
 // (FP8 128 x 128 blocks; INT4 routed experts, group 32). fixture_parity_test compares every fixture
 // folder's scores and greedy tokens with transformers' (CPU bound 1e-3); this checks these two load
