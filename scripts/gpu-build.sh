@@ -19,10 +19,11 @@ elif [ $# -gt 0 ]; then
   exit 2
 fi
 cmake -S . -B build-gpu -G Ninja -DKILN_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DKILN_SKIP_MODULES= >/dev/null
-cmake --build build-gpu --target kiln ops_parity_test model_test kiln-gpu-bench kiln-load-pattern-bench dist_test
+cmake --build build-gpu --target kiln ops_parity_test model_test kiln-gpu-bench kiln-load-pattern-bench dist_test kiln-quant-bench
 rm -rf .gpu && mkdir -p .gpu/lib
 cp build-gpu/src/cli/kiln build-gpu/tests/ops/ops_parity_test build-gpu/tests/model/model_test \
-  build-gpu/bench/kiln-gpu-bench build-gpu/bench/kiln-load-pattern-bench build-gpu/tests/dist/dist_test .gpu/
+  build-gpu/bench/kiln-gpu-bench build-gpu/bench/kiln-load-pattern-bench build-gpu/tests/dist/dist_test \
+  build-gpu/bench/kiln-quant-bench .gpu/
 pwd > .gpu/built_at
 # The non-CUDA shared libraries the given binaries load from this machine's packages (spdlog, fmt,
 # OpenBLAS, gomp, ...), one path a line.
@@ -31,12 +32,13 @@ needed_libs() {
     ldd "$b" | awk '/=> \// {print $3}' | grep -vE 'libcuda|libcudart|libcublas|libnccl|libc\.so|libm\.so|ld-linux|libpthread|libdl|librt' || true
   done | sort -u
 }
-needed_libs .gpu/kiln .gpu/ops_parity_test .gpu/model_test .gpu/kiln-gpu-bench .gpu/kiln-load-pattern-bench .gpu/dist_test |
+needed_libs .gpu/kiln .gpu/ops_parity_test .gpu/model_test .gpu/kiln-gpu-bench .gpu/kiln-load-pattern-bench .gpu/dist_test \
+  .gpu/kiln-quant-bench |
   xargs -r -I{} cp -L {} .gpu/lib/
 du -sh .gpu
 if [ "$pack" = 1 ]; then
   names=("$@")
-  [ ${#names[@]} -gt 0 ] || names=(kiln ops_parity_test model_test kiln-gpu-bench kiln-load-pattern-bench dist_test)
+  [ ${#names[@]} -gt 0 ] || names=(kiln ops_parity_test model_test kiln-gpu-bench kiln-load-pattern-bench dist_test kiln-quant-bench)
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/.gpu/lib" .gpuz

@@ -6,8 +6,10 @@ random-weight config it writes, under OUT/<name>/:
   config.json        as a checkpoint would ship it (spelling chosen per fixture)
   model.safetensors  float32 weights in the published DeepSeek-V3 tensor names
   expected.json      teacher-forced logprobs of ids, and a greedy continuation with top-2 margins
-One fixture is also written as an FP8 (e4m3, block-scaled) checkpoint whose expectations come from
-the dequantised weights.
+Some fixtures are also written quantized (QUANTIZED below), each with expectations computed from
+its dequantised weights: FP8 e4m3 block-scaled as DeepSeek-V3 ships (`weight` + `weight_scale_inv`),
+and compressed-tensors pack-quantized INT4 routed experts as Kimi K2-Thinking ships (`weight_packed`,
+`weight_scale`, `weight_shape`; docs/quantization.md).
 
 Usage: python3 tools/make_fixtures.py --out DIR [--only NAME ...]
 """
@@ -70,8 +72,13 @@ FIXTURES = {
                  rms_norm_eps=1e-5, rope_interleave=True, tie_word_embeddings=False),
         rope=None, rope_theta=50000.0),
 }
-FP8_OF = "h12_qlora_grouped_yarn"
-FP8_BLOCK = [16, 16]
+# Quantized copies written beside a fixture: (suffix, format, block or group size). The 128 x 128
+# FP8 and group-32 INT4 copies of the Moonlight-width fixture are the production formats at the
+# production attention widths (issue 40).
+QUANTIZED = {
+    "h12_qlora_grouped_yarn": [("_fp8", "fp8", [16, 16])],
+    "h12_mla512_moonlight_widths": [("_fp8", "fp8", [128, 128]), ("_int4", "int4", 32)],
+}
 PROMPT_LEN, CONT_LEN, GREEDY_STEPS = 24, 16, 16
 
 
@@ -144,7 +151,7 @@ def expert_tensors(model, cfg):
     return out
 
 
-def export_state(model, cfg):
+def export_state(model, cfg, dtype=torch.bfloat16):
     sd = {}
     experts = expert_tensors(model, cfg)
     for name, t in model.state_dict().items():
@@ -153,13 +160,13 @@ def export_state(model, cfg):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         keep_f32 = "e_score_correction_bias" in name
-        sd[name] = t.detach().contiguous().cpu().float() if keep_f32 else t.detach().contiguous().cpu().bfloat16()
+        sd[name] = t.detach().contiguous().cpu().float() if keep_f32 else t.detach().contiguous().cpu().to(dtype)
     for l, lst in experts.items():
         for e, (g, u, d) in enumerate(lst):
             p = f"model.layers.{l}.mlp.experts.{e}."
-            sd[p + "gate_proj.weight"] = g.detach().contiguous().cpu().bfloat16()
-            sd[p + "up_proj.weight"] = u.detach().contiguous().cpu().bfloat16()
-            sd[p + "down_proj.weight"] = d.detach().contiguous().cpu().bfloat16()
+            sd[p + "gate_proj.weight"] = g.detach().contiguous().cpu().to(dtype)
+            sd[p + "up_proj.weight"] = u.detach().contiguous().cpu().to(dtype)
+            sd[p + "down_proj.weight"] = d.detach().contiguous().cpu().to(dtype)
     return sd
 
 
@@ -177,6 +184,80 @@ def fp8_quantize(w, block):
             scale[i, j] = s
             q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = blk / s
     return q.to(torch.float8_e4m3fn), scale
+
+
+def int4_quantize(w, group):
+    """compressed-tensors pack-quantized INT4, symmetric: q = clamp(round(w / s), -8, 7) with s the
+    group's amax / 7 rounded to bf16 (one scale per `group` inputs of a row); q + 8 packed eight to an
+    int32 along k, column 8c + i in bits 4i..4i+3 (pack_to_int32). Returns (packed, scale, dequantised)."""
+    n, k = w.shape
+    assert k % group == 0 and group % 8 == 0, (k, group)
+    g = w.reshape(n, k // group, group)
+    scale = (g.abs().amax(-1).clamp(min=1e-12) / 7.0).bfloat16()
+    q = torch.clamp(torch.round(g / scale.float()[..., None]), -8, 7).to(torch.int64)
+    deq = (q.float() * scale.float()[..., None]).reshape(n, k)
+    u = (q.reshape(n, k) + 8).reshape(n, k // 8, 8)
+    packed = torch.zeros(n, k // 8, dtype=torch.int64)
+    for i in range(8):
+        packed |= u[:, :, i] << (4 * i)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    return packed, scale, deq
+
+
+def quantize_state(state, fmt, block):
+    """The checkpoint tensors of `state` in `fmt`, and the dequantised f32 value of every quantized
+    weight. FP8: every 2-D projection but embeddings, router and lm_head (DeepSeek-V3). INT4: the
+    routed experts only; every other projection is listed in `ignore` (Kimi K2-Thinking)."""
+    q_state, deq, ignore = {}, {}, ["lm_head"]
+    for k, t in state.items():
+        is_proj = t.dim() == 2 and "embed_tokens" not in k and "mlp.gate.weight" not in k and k != "lm_head.weight"
+        if fmt == "fp8" and is_proj:
+            q, sc = fp8_quantize(t.float(), block)
+            q_state[k], q_state[k + "_scale_inv"] = q, sc
+            deq[k] = (q.float() * sc.repeat_interleave(block[0], 0)[: t.shape[0]]
+                      .repeat_interleave(block[1], 1)[:, : t.shape[1]])
+        elif fmt == "int4" and is_proj and ".mlp.experts." in k:
+            base = k[: -len(".weight")]
+            packed, sc, deq[k] = int4_quantize(t.float(), block)
+            q_state[base + ".weight_packed"], q_state[base + ".weight_scale"] = packed, sc
+            q_state[base + ".weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
+        else:
+            if fmt == "int4" and is_proj:
+                ignore.append(k[: -len(".weight")])
+            q_state[k] = t
+    if fmt == "fp8":
+        qcfg = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": block}
+    else:
+        qcfg = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "ignore": ignore, "kv_cache_scheme": None,
+                "config_groups": {"group_0": {
+                    "targets": ["Linear"], "input_activations": None, "output_activations": None,
+                    "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                "group_size": block, "dynamic": False, "actorder": None, "observer": "minmax",
+                                "observer_kwargs": {}, "block_structure": None}}}}
+    return q_state, deq, qcfg
+
+
+@torch.no_grad()
+def set_weights(model, cfg, state, deq, dev):
+    """Puts every 2-D weight of `state` into the model (the dequantised value where `deq` has one,
+    else the original), through the export mapping inverted, and checks that it arrived."""
+    vals = {k: deq[k] if k in deq else state[k].float() for k, t in state.items() if t.dim() == 2}
+    params = dict(model.named_parameters())
+    for k, v in vals.items():
+        if k in params:
+            params[k].copy_(v.to(dev))
+    experts = expert_tensors(model, cfg)
+    for l, lst in experts.items():
+        for e, (g, u, dn) in enumerate(lst):
+            p = f"model.layers.{l}.mlp.experts.{e}."
+            g.copy_(vals[p + "gate_proj.weight"].to(dev))
+            u.copy_(vals[p + "up_proj.weight"].to(dev))
+            dn.copy_(vals[p + "down_proj.weight"].to(dev))
+    # In f32: INT4 values times bf16 scales need more than bf16's 8 bits (FP8's power-of-two scales do not).
+    st2 = export_state(model, cfg, torch.float32)
+    worst = max((st2[k].float() - vals[k]).abs().max().item() for k in deq)
+    assert worst == 0.0, f"dequantised weights did not reach the model ({worst})"
 
 
 @torch.no_grad()
@@ -223,7 +304,7 @@ def main():
     unknown = [n for n in args.only if n not in FIXTURES]
     if unknown:
         ap.error(f"unknown fixture(s) {unknown}; known: {list(FIXTURES)} "
-                 f"({FP8_OF}_fp8 is written with {FP8_OF})")
+                 f"(quantized copies are written with their base: {QUANTIZED})")
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -241,40 +322,13 @@ def main():
         model.to(dev)
         state = export_state(model, hf_cfg)
         write_fixture(args.out, name, file_cfg, state, model, gen)
-        if name == FP8_OF:
-            # Quantise every 2-D projection (not embeddings, router, norms, lm_head) as DeepSeek-V3 does,
-            # then load the dequantised weights back so the expectations describe the FP8 model.
-            q_state, deq = {}, {}
-            for k, t in state.items():
-                is_proj = t.dim() == 2 and "embed_tokens" not in k and "mlp.gate.weight" not in k and k != "lm_head.weight"
-                if is_proj:
-                    q, s = fp8_quantize(t.float(), FP8_BLOCK)
-                    q_state[k], q_state[k + "_scale_inv"] = q, s
-                    deq[k] = (q.float() * s.repeat_interleave(FP8_BLOCK[0], 0)[: t.shape[0]]
-                              .repeat_interleave(FP8_BLOCK[1], 1)[:, : t.shape[1]])
-                else:
-                    q_state[k] = t
-            fp8_cfg = dict(file_cfg, quantization_config={"quant_method": "fp8", "fmt": "e4m3",
-                                                          "activation_scheme": "dynamic",
-                                                          "weight_block_size": FP8_BLOCK})
-            # Put the dequantised weights into the model (through the same export mapping, inverted).
-            with torch.no_grad():
-                params = dict(model.named_parameters())
-                for k, v in deq.items():
-                    if k in params:
-                        params[k].copy_(v.to(dev))
-                experts = expert_tensors(model, hf_cfg)
-                for l, lst in experts.items():
-                    for e, (g, u, dn) in enumerate(lst):
-                        p = f"model.layers.{l}.mlp.experts.{e}."
-                        g.copy_(deq[p + "gate_proj.weight"].to(dev))
-                        u.copy_(deq[p + "up_proj.weight"].to(dev))
-                        dn.copy_(deq[p + "down_proj.weight"].to(dev))
-                # Check the copies reached the model.
-                st2 = export_state(model, hf_cfg)
-                worst = max((st2[k].float() - deq[k]).abs().max().item() for k in deq)
-                assert worst == 0.0, f"dequantised weights did not reach the model ({worst})"
-            write_fixture(args.out, name + "_fp8", fp8_cfg, q_state, model, torch.Generator().manual_seed(99))
+        # Each quantized copy: the dequantised weights go into the model (the others back to their
+        # originals), so its expectations describe exactly the quantized checkpoint.
+        for suffix, fmt, block in QUANTIZED.get(name, []):
+            q_state, deq, qcfg = quantize_state(state, fmt, block)
+            set_weights(model, hf_cfg, state, deq, dev)
+            write_fixture(args.out, name + suffix, dict(file_cfg, quantization_config=qcfg), q_state, model,
+                          torch.Generator().manual_seed(99))
     return 0
 
 

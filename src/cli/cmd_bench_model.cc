@@ -32,6 +32,7 @@ struct BenchModelArgs {
   SpeculativeFlags speculative;
   int64_t prompt_len = 128, decode_steps = 32, block_size = 64, max_batched_tokens = 8192, prefill_chunk = 0;
   uint64_t seed = 0;
+  std::string weight_dtype = "auto";
 };
 
 struct Row {
@@ -105,15 +106,30 @@ int run_bench_model(const BenchModelArgs& a) {
   if (!a.json_out.empty()) require_output_file(a.json_out, "--json", {a.config});
 
   check_speculative_flags(a.speculative);
+  // --weight-dtype picks the random weights' format; --quantization fp8 quantizes either kind at load.
+  WeightQuant quant = parse_quantization(a.precision.quantization);
+  KILN_CHECK(a.weight_dtype == "auto" || a.random,
+             "--weight-dtype needs --random-weights (a checkpoint's weights are "
+             "as it ships them, or --quantization fp8)");
+  if (a.weight_dtype != "auto") {
+    KILN_CHECK(a.weight_dtype == "bf16" || a.weight_dtype == "fp8" || a.weight_dtype == "int4",
+               "--weight-dtype must be auto, bf16, fp8 or int4, got \"{}\"", a.weight_dtype);
+    const WeightQuant w = parse_weight_quant(a.weight_dtype, "--weight-dtype");
+    KILN_CHECK(quant == WeightQuant::None || w == quant, "--weight-dtype {} and --quantization {} disagree",
+               a.weight_dtype, a.precision.quantization);
+    quant = w;
+  }
   LoadedModel loaded;
   std::string source;
   if (a.random) {
     source = a.config.empty() ? (std::filesystem::path(a.model) / "config.json").string() : a.config;
-    spdlog::info("random weights for {} (seed {})", source, a.seed);
-    loaded = random_model(load_model_config(source), a.device, a.seed, a.parallel);
+    spdlog::info("random weights for {} (seed {}, {})", source, a.seed, a.weight_dtype);
+    loaded = random_model(load_model_config(source), a.device, a.seed, a.parallel, quant);
   } else {
     source = a.model;
-    loaded = load_model(a.model, a.device, {}, "auto", a.parallel);
+    Precision as_shipped;
+    as_shipped.quantization = a.precision.quantization;
+    loaded = load_model(a.model, a.device, as_shipped, "auto", a.parallel);
   }
   std::unique_ptr<ops::Backend> backend = std::move(loaded.backend);  // declared first: outlives the model
   std::unique_ptr<DeepseekV3Model> model = std::move(loaded.model);
@@ -182,6 +198,8 @@ int run_bench_model(const BenchModelArgs& a) {
                         {"random_weights", a.random},
                         {"tp", a.parallel.tp},
                         {"expert_parallel", a.parallel.expert_parallel},
+                        {"weight_dtype", a.weight_dtype},
+                        {"quantization", a.precision.quantization},
                         {"device", backend->name()},
                         {"kv_cache_dtype", dtype_name(model->kv_dtype())},
                         {"activation_dtype", dtype_name(backend->activation_dtype())},
@@ -229,6 +247,11 @@ KILN_SUBCOMMAND("bench", "model", "Offline engine throughput of a model (prefill
   sub.add_option("--model", a->model, "checkpoint directory");
   sub.add_option("--config", a->config, "config.json (with --random-weights)");
   sub.add_flag("--random-weights", a->random, "random weights of the config's shapes instead of a checkpoint");
+  sub.add_option("--weight-dtype", a->weight_dtype,
+                 "random weights' format: auto (the backend's plain dtype), bf16, fp8 (e4m3 + 128x128 block scales, "
+                 "every projection but lm_head, as DeepSeek-V3 ships) or int4 (routed experts int4 + bf16 scale per "
+                 "32 inputs, the rest plain, as Kimi K2-Thinking ships)")
+      ->capture_default_str();
   sub.add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   sub.add_option("--batch-sizes", a->batch_sizes, "comma-separated batch sizes")->capture_default_str();
   sub.add_option("--prompt-len", a->prompt_len, "prompt tokens per request")->capture_default_str();

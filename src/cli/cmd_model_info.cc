@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/weight_layout.h"
 #include "plan/presets.h"
+#include "plan/weight_bytes.h"
 
 namespace kiln::cli {
 namespace {
@@ -32,8 +33,14 @@ std::string human(double n) {
 int run_model_info(const ModelInfoArgs& a) {
   KILN_CHECK(a.model_dir.empty() != a.config_file.empty(),
              "model-info needs exactly one of --model DIR|CONFIG|PRESET or --config FILE");
-  const ModelConfig c =
-      a.config_file.empty() ? plan::resolve_model(a.model_dir).config : load_model_config(a.config_file);
+  const plan::ResolvedModel m = a.config_file.empty()
+                                    ? plan::resolve_model(a.model_dir)
+                                    : plan::ResolvedModel{a.config_file, load_model_config(a.config_file), {}};
+  const ModelConfig& c = m.config;
+  // Weight bytes as the checkpoint ships them (quantized data + scales, in its own block sizes) and
+  // what loading adds (plan/weight_bytes.h), on one GPU.
+  const plan::WeightFormat fmt = a.config_file.empty() ? m.default_weights : plan::checkpoint_format(c);
+  const plan::WeightTotals wt = plan::weight_totals(c, fmt, 1, 1, false);
   ParamCounts p = count_params(c);
   int64_t kv = kv_bytes_per_token(c, 2);
   int64_t dense_layers = std::min(c.first_k_dense_replace, c.num_hidden_layers);
@@ -48,6 +55,10 @@ int run_model_info(const ModelInfoArgs& a) {
                         {"dense_layers", dense_layers},
                         {"moe_layers", c.num_hidden_layers - dense_layers},
                         {"softmax_scale", c.softmax_scale()},
+                        {"weight_format", plan::weight_format_name(fmt)},
+                        {"weight_bytes", wt.bytes},
+                        {"weight_scale_bytes", wt.scale_bytes},
+                        {"loaded_weight_bytes", static_cast<int64_t>(wt.bytes + wt.loaded_extra_bytes_per_gpu)},
                         {"config", model_config_to_json(c)}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -58,6 +69,10 @@ int run_model_info(const ModelInfoArgs& a) {
   std::printf("active per token  %s (%lld)\n", human(static_cast<double>(p.active)).c_str(),
               static_cast<long long>(p.active));
   if (p.mtp) std::printf("NextN/MTP params  %s\n", human(static_cast<double>(p.mtp)).c_str());
+  std::printf("weights           %s bytes as %s (scales %s), %s as loaded (+ W_uk^T, stacked scale rows)\n",
+              human(static_cast<double>(wt.bytes)).c_str(), plan::weight_format_name(fmt),
+              human(static_cast<double>(wt.scale_bytes)).c_str(),
+              human(static_cast<double>(wt.bytes) + wt.loaded_extra_bytes_per_gpu).c_str());
   std::printf("KV per token      %lld bytes in bf16 (%lld layers x %lld values: %lld c_kv + %lld k_pe)\n",
               static_cast<long long>(kv), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(c.kv_row_dim()), static_cast<long long>(c.kv_lora_rank),

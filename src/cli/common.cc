@@ -99,6 +99,11 @@ void add_precision_options(CLI::App& sub, Precision& p) {
                  "--activation-dtype), f32 or bf16 (with --activation-dtype f32: most of bf16's prefill speed, a "
                  "third of its logprob drift on the bundled model with the f32 cache; docs/results.md)")
       ->capture_default_str();
+  sub.add_option("--quantization", p.quantization,
+                 "none (weights as the checkpoint ships them: FP8 and INT4 checkpoints stay quantized) or fp8 "
+                 "(block-quantize a bf16/f32 checkpoint's projections to e4m3 with 128x128 scales at load, as "
+                 "DeepSeek-V3 ships them; docs/quantization.md)")
+      ->capture_default_str();
 }
 
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model) {
@@ -163,23 +168,35 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
 
 }  // namespace
 
-LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed,
-                         const Parallel& parallel) {
-  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1)
+LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed, const Parallel& parallel,
+                         WeightQuant quant) {
+  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
+    KILN_CHECK(quant == WeightQuant::None,
+               "quantized random weights (--weight-dtype) are not built for a split model yet (--tp {})", parallel.tp);
     return load_split(config, "", device, parallel, seed);
+  }
   LoadedModel m;
   m.backend = make_backend(device);
-  ModelWeights w = random_weights(config, *m.backend, seed);
+  ModelWeights w = random_weights(config, *m.backend, seed, quant);
   m.model = std::make_unique<DeepseekV3Model>(config, std::move(w), *m.backend);
   return m;
+}
+
+WeightQuant parse_quantization(const std::string& s) {
+  KILN_CHECK(s == "none" || s == "fp8", "--quantization must be none or fp8, got \"{}\"", s);
+  return parse_weight_quant(s, "--quantization");
 }
 
 LoadedModel load_model(const std::string& dir, const std::string& device, const Precision& precision,
                        const std::string& load_format, const Parallel& parallel) {
   KILN_CHECK(load_format == "auto" || load_format == "dummy", "--load-format must be auto or dummy, got \"{}\"",
              load_format);
+  const WeightQuant quant = parse_quantization(precision.quantization);
   LoadedModel m;
   if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
+    // The ranks' slices are read plain (an FP8 checkpoint's slices dequantized at load).
+    KILN_CHECK(quant == WeightQuant::None, "--quantization {} is not built for a split model yet (--tp {})",
+               precision.quantization, parallel.tp);
     const std::string config = (std::filesystem::path(dir) / "config.json").string();
     if (load_format == "dummy") spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
     m = load_split(load_model_config(config), load_format == "dummy" ? "" : dir, device, parallel, 0);
@@ -188,11 +205,11 @@ LoadedModel load_model(const std::string& dir, const std::string& device, const 
     const std::string config = (std::filesystem::path(dir) / "config.json").string();
     ModelConfig c = load_model_config(config);
     spdlog::info("--load-format dummy: random weights of {}'s shapes", config);
-    ModelWeights w = random_weights(c, *m.backend, /*seed=*/0);
+    ModelWeights w = random_weights(c, *m.backend, /*seed=*/0, quant);
     m.model = std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), *m.backend);
   } else {
     m.backend = make_backend(device);
-    m.model = DeepseekV3Model::load(dir, *m.backend);
+    m.model = DeepseekV3Model::load(dir, *m.backend, quant);
   }
   apply_precision(precision, *m.backend, *m.model);
   spdlog::info("loaded {} ({} layers, {} heads) on {}", dir, m.model->config().num_hidden_layers,

@@ -35,6 +35,7 @@ struct Precision {
   std::string kv_dtype = "auto";          // latent KV cache: auto (the backend's), bf16 or f32
   std::string activation_dtype = "auto";  // tensor-core GEMM activations: auto (bf16 on CUDA), f32 (hi/lo split), bf16
   std::string expert_activation_dtype = "auto";  // the MoE experts' alone: auto (as above), f32 or bf16
+  std::string quantization = "none";             // none (as the checkpoint ships) or fp8 (block-quantized at load)
 };
 void add_precision_options(CLI::App& sub, Precision& p);
 // Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
@@ -49,6 +50,8 @@ struct Parallel {
   int dcp = 1;  // decode context parallelism (so far --dcp equal to --tp, CPU backend)
 };
 void add_parallel_options(CLI::App& sub, Parallel& p);
+// --quantization: none or fp8 (an error naming the flag otherwise).
+WeightQuant parse_quantization(const std::string& s);
 
 // load_format: "auto" reads the checkpoint's safetensors; "dummy" gives random weights of the
 // shapes in dir/config.json (vLLM's spelling), for serving benchmarks at any model shape.
@@ -56,6 +59,6 @@ LoadedModel load_model(const std::string& dir, const std::string& device, const 
                        const std::string& load_format = "auto", const Parallel& parallel = {});
 // Random weights of `config`'s shapes (seed), split as `parallel` says (one device when tp is 1).
 LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed,
-                         const Parallel& parallel = {});
+                         const Parallel& parallel = {}, WeightQuant quant = WeightQuant::None);
 
 }  // namespace kiln::cli

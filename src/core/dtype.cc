@@ -15,6 +15,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::I4X8: return 4;
   }
   return 0;
 }
@@ -28,6 +29,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::I4X8: return "I4X8";
   }
   return "?";
 }

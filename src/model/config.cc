@@ -260,35 +260,7 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
                c.num_experts_per_tok);
   }
 
-  if (auto it = j.find("quantization_config"); it != j.end() && !it->is_null()) {
-    KILN_CHECK(it->is_object(), "{}: field \"quantization_config\" must be an object", src);
-    const auto m = it->find("quant_method");
-    KILN_CHECK(m == it->end() || m->is_string(), "{}: field \"quantization_config.quant_method\" must be a string",
-               src);
-    std::string method = it->value("quant_method", "");
-    KILN_CHECK(method == "fp8", "{}: field \"quantization_config.quant_method\" is \"{}\"; supported: fp8", src,
-               method);
-    Fp8Quant q;
-    if (auto b = it->find("weight_block_size"); b != it->end()) {
-      // Published FP8 checkpoints use 128 x 128; a cap keeps the scale grid's arithmetic in range.
-      auto block = [&](size_t i) {
-        const json& v = b->at(i);
-        KILN_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= 65536,
-                   "{}: field \"quantization_config.weight_block_size\" must be two integers 1 to 65536, got {}", src,
-                   b->dump());
-        return v.get<int64_t>();
-      };
-      KILN_CHECK(b->is_array() && b->size() == 2, "{}: field \"quantization_config.weight_block_size\" must be [n, k]",
-                 src);
-      q.block_n = block(0);
-      q.block_k = block(1);
-    }
-    const auto f = it->find("fmt");
-    KILN_CHECK(f == it->end() || f->is_string(), "{}: field \"quantization_config.fmt\" must be a string", src);
-    std::string fmt_name = it->value("fmt", "e4m3");
-    KILN_CHECK(fmt_name == "e4m3", "{}: field \"quantization_config.fmt\" is \"{}\"; supported: e4m3", src, fmt_name);
-    c.fp8 = q;
-  }
+  parse_quantization_config(j, src, c);
   // Special token ids index the vocabulary.
   auto token_id = [&](const json& v, const char* key) {
     KILN_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.vocab_size,
@@ -359,6 +331,11 @@ json model_config_to_json(const ModelConfig& c) {
   r["rope_parameters"] = rope;
   if (c.fp8)
     r["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {c.fp8->block_n, c.fp8->block_k}}};
+  if (c.int4)
+    r["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                {"format", "pack-quantized"},
+                                {"group_size", c.int4->group_size},
+                                {"ignore", c.int4->ignore}};
   return r;
 }
 

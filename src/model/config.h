@@ -30,6 +30,16 @@ struct Fp8Quant {
   int64_t block_k = 128;  // columns of W per scale
 };
 
+// compressed-tensors `pack-quantized` INT4 (Kimi K2-Thinking: the routed experts): symmetric,
+// weight-only, one scale per `group_size` inputs of a row; eight nibbles per int32 (docs/quantization.md).
+struct Int4Quant {
+  int64_t group_size = 32;
+  // Modules the checkpoint keeps unquantised, as the config lists them: exact module names
+  // ("lm_head", "model.layers.0.self_attn.q_a_proj") or "re:" patterns. The tensors themselves
+  // say which are packed (weight_packed); exact names here are checked against them.
+  std::vector<std::string> ignore;
+};
+
 struct ModelConfig {
   std::string model_type = "deepseek_v3";
   int64_t vocab_size = 129280;
@@ -57,7 +67,8 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t num_nextn_predict_layers = 0;
   RopeConfig rope;
-  std::optional<Fp8Quant> fp8;
+  std::optional<Fp8Quant> fp8;    // quant_method fp8 (DeepSeek-V3 / Kimi K2)
+  std::optional<Int4Quant> int4;  // quant_method compressed-tensors, format pack-quantized
   std::vector<int64_t> eos_token_ids;
   std::optional<int64_t> bos_token_id;
 
@@ -77,6 +88,8 @@ struct ModelConfig {
 // an error naming the field.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
 ModelConfig load_model_config(const std::string& path);
+// Reads `quantization_config` (absent or null: none) into c.fp8 / c.int4 (model/quant_config.cc).
+void parse_quantization_config(const nlohmann::json& j, const std::string& source, ModelConfig& c);
 // The config as a JSON object (canonical spelling), for model-info and tests.
 nlohmann::json model_config_to_json(const ModelConfig& c);
 

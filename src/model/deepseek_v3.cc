@@ -30,10 +30,11 @@ DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::
   scale_ = static_cast<float>(c_.softmax_scale());
 }
 
-std::unique_ptr<DeepseekV3Model> DeepseekV3Model::load(const std::string& dir, ops::Backend& backend) {
+std::unique_ptr<DeepseekV3Model> DeepseekV3Model::load(const std::string& dir, ops::Backend& backend,
+                                                       WeightQuant quant) {
   ModelConfig c = load_model_config((std::filesystem::path(dir) / "config.json").string());
   Checkpoint ckpt(dir);
-  ModelWeights w = load_weights(c, ckpt, backend);
+  ModelWeights w = load_weights(c, ckpt, backend, quant);
   return std::make_unique<DeepseekV3Model>(std::move(c), std::move(w), backend);
 }
 
@@ -309,11 +310,13 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
     const int64_t inter = w.mlp_gate_up.t.shape[0] / 2;
     OwnedTensor gu = scratch(T, 2 * inter), act = scratch(T, inter);
     ops::LinearParams gate_up{x, 0, w.mlp_gate_up.t.data, w.mlp_gate_up.t.dtype, gu.f32(), 0, T, 2 * inter, H};
+    gate_up.w_scales = w.mlp_gate_up.scales();
     gate_up.norm_weight = w.post_attn_norm.t.data, gate_up.norm_weight_dtype = w.post_attn_norm.t.dtype;
     gate_up.norm_eps = eps, gate_up.norm_residual = pending;
     be_.linear(gate_up);
     be_.swiglu({gu.f32(), act.f32(), T, inter});
     ops::LinearParams down{act.f32(), 0, w.mlp_down.t.data, w.mlp_down.t.dtype, out, 0, T, H, inter};
+    down.w_scales = w.mlp_down.scales();
     down.add = shard_.rank == 0 ? pending : nullptr;  // split: rank 0 adds the residual, the sum the rest
     be_.linear(down);
     all_reduce(out, T * H);
@@ -344,9 +347,6 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
   if (local_experts != E) be_.expert_slice({ids.t.as<int32_t>(), wts.f32(), T * k, shard_.expert_begin, local_experts});
   // The shared experts ride in the same op: decode streams every expert's weights in one pass.
   const bool shared = c_.n_shared_experts > 0;
-  KILN_CHECK(!shared || w.shared_gate_up.t.dtype == w.experts_gate_up.t.dtype,
-             "shared and routed expert weights must share a dtype, got {} and {}", dtype_name(w.shared_gate_up.t.dtype),
-             dtype_name(w.experts_gate_up.t.dtype));
   ops::MoeParams moe{h.f32(),
                      ids.t.as<int32_t>(),
                      wts.f32(),
@@ -359,9 +359,16 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
                      w.experts_gate_up.t.shape[1] / 2,  // this rank's slice of moe_intermediate_size
                      local_experts,
                      k};
+  moe.w_gate_up_scales = w.experts_gate_up.scales(), moe.w_down_scales = w.experts_down.scales();
   if (shared) {
     moe.w_shared_gate_up = w.shared_gate_up.t.data, moe.w_shared_down = w.shared_down.t.data;
     moe.shared_inter = w.shared_gate_up.t.shape[0] / 2;
+    // Kimi K2-Thinking keeps the shared experts bf16 beside INT4 routed ones.
+    KILN_CHECK(w.shared_gate_up.t.dtype == w.shared_down.t.dtype,
+               "shared expert gate_up and down dtypes differ: {}, {}", dtype_name(w.shared_gate_up.t.dtype),
+               dtype_name(w.shared_down.t.dtype));
+    if (w.shared_gate_up.t.dtype != w.experts_gate_up.t.dtype) moe.w_shared_dtype = w.shared_gate_up.t.dtype;
+    moe.w_shared_gate_up_scales = w.shared_gate_up.scales(), moe.w_shared_down_scales = w.shared_down.scales();
   }
   moe.add = shard_.rank == 0 ? pending : nullptr;  // out = experts + pending (summed over ranks when split)
   be_.moe(moe);

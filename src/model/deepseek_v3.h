@@ -37,8 +37,9 @@ class DeepseekV3Model {
   // forward sums partial results over shard.comm.
   DeepseekV3Model(ModelConfig config, ModelWeights weights, ops::Backend& backend, ModelShard shard);
   ~DeepseekV3Model();
-  // Loads config.json and the safetensors checkpoint of `dir`.
-  static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend);
+  // Loads config.json and the safetensors checkpoint of `dir` (quant: load_weights).
+  static std::unique_ptr<DeepseekV3Model> load(const std::string& dir, ops::Backend& backend,
+                                               WeightQuant quant = WeightQuant::None);
 
   const ModelConfig& config() const { return c_; }
   const ModelShard& shard() const { return shard_; }

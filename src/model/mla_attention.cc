@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "model/step_inputs.h"
+#include "ops/quant.h"
 
 namespace kiln {
 
@@ -23,6 +24,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
   ops::LinearParams qkv_a{x, 0, w.qkv_a.t.data, w.qkv_a.t.dtype, qkv.f32(), 0, T, ld, H};
   qkv_a.norm_weight = w.input_norm.t.data, qkv_a.norm_weight_dtype = w.input_norm.t.dtype, qkv_a.norm_eps = eps;
   qkv_a.norm_residual = pending;  // projects input_norm(x + pending)
+  qkv_a.w_scales = w.qkv_a.scales();
   be_.linear(qkv_a);
 
   // q [T, nh, qk]: q_nope ‖ q_pe per head, rows q_stride apart (a view of qkv without q LoRA).
@@ -33,7 +35,9 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     float* q_a = qkv.f32();  // [T, q_lora], rows ld apart
     be_.rms_norm({q_a, ld, w.q_a_norm.t.data, w.q_a_norm.t.dtype, q_a, ld, T, c_.q_lora_rank, eps});
     q_b_out = scratch(T, nh * qk);
-    be_.linear({q_a, ld, w.q_b.t.data, w.q_b.t.dtype, q_b_out.f32(), 0, T, nh * qk, c_.q_lora_rank});
+    ops::LinearParams q_b{q_a, ld, w.q_b.t.data, w.q_b.t.dtype, q_b_out.f32(), 0, T, nh * qk, c_.q_lora_rank};
+    q_b.w_scales = w.q_b.scales();
+    be_.linear(q_b);
     q = q_b_out.f32();
     q_stride = nh * qk;
   }
@@ -78,6 +82,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
   auto o_proj = [&](int64_t t0, int64_t n) {
     ops::LinearParams p{o.f32() + t0 * nh * vd, 0, w.o_proj.t.data, w.o_proj.t.dtype, out + t0 * H, 0, n, H, nh * vd};
     p.add = pending && shard_.rank == 0 ? pending + t0 * H : nullptr;  // split: rank 0 adds, the sum the rest
+    p.w_scales = w.o_proj.scales();
     return p;
   };
 
@@ -92,12 +97,22 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     else
       be_.mla_absorbed(
           {qa.f32(), in.paged(pool, l), in.cu_q.t.as<int32_t>(), in.Ba, Ta, lat.f32(), nh, r, rope, scale_});
-    // v[h] = W_uv[h] · lat[h], then o_proj: one op (one launch on CUDA for a single stream).
-    const size_t esz = dtype_size(w.kv_b.t.dtype);
-    const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * r) * esz;
-    be_.heads_then_linear(
-        {lat.f32(), nh * r, r, wuv, (nope + vd) * r, w.kv_b.t.dtype, o.f32(), nh * vd, vd, nh, Ta, vd, r},
-        o_proj(0, Ta));
+    // v[h] = W_uv[h] · lat[h], then o_proj: one op (one launch on CUDA for a single stream). W_uv[h]
+    // is a view of kv_b's rows; a quantized kv_b's scale rows start on every head's (weights.h).
+    const DType kt = w.kv_b.t.dtype;
+    const int64_t row_elems = ops::weight_row_elems(kt, r);  // kv_b's row stride in elements of kt
+    const void* wuv = static_cast<const char*>(w.kv_b.t.data) + static_cast<size_t>(nope * row_elems) * dtype_size(kt);
+    ops::LinearHeadsParams uv{lat.f32(), nh * r, r,  wuv, (nope + vd) * row_elems, kt, o.f32(), nh * vd, vd,
+                              nh,        Ta,     vd, r};
+    if (w.kv_b.quantized()) {
+      const ops::WeightScales s = w.kv_b.scales();
+      const int64_t grid_k = (r + s.block_k - 1) / s.block_k;
+      uv.w_scales = s;
+      uv.w_scales.data =
+          static_cast<const char*>(s.data) + static_cast<size_t>(nope / s.block_n * grid_k) * dtype_size(s.dtype);
+      uv.w_scale_head_stride = (nope + vd) / s.block_n * grid_k;
+    }
+    be_.heads_then_linear(uv, o_proj(0, Ta));
   }
 
   // The expanded part, tokens [Ta, T): each sequence's context (cached prefix and this chunk)
@@ -114,6 +129,7 @@ void DeepseekV3Model::attention(int64_t l, const float* x, const float* pending,
     OwnedTensor kvb = scratch(ctx, nh * (nope + vd));  // [ctx, nh, nope + v]: per head k_nope ‖ v
     ops::LinearParams kv_b{kv.f32(), row, w.kv_b.t.data, w.kv_b.t.dtype, kvb.f32(), 0, ctx, nh * (nope + vd), r};
     kv_b.x_bf16 = pool.dtype == DType::BF16;  // the latent rows as cached
+    kv_b.w_scales = w.kv_b.scales();
     be_.linear(kv_b);
     // Attention reads k_nope and v from kvb and the shared roped k_pe from kv's last rope columns.
     be_.mla_expanded({.q = q + t0 * q_stride,

@@ -10,12 +10,20 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/host_weight.h"
 #include "model/weight_layout.h"
+#include "ops/quant.h"
 
 namespace kiln {
 namespace {
 
 constexpr const char* kScaleSuffix = "_scale_inv";
+// compressed-tensors pack-quantized: `X.weight` ships as these three (docs/quantization.md).
+constexpr const char* kPackedSuffixes[] = {"_packed", "_scale", "_shape"};
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return a == 0 ? 0 : (a - 1) / b + 1;  // no overflow
+}
 
 // Weights and FP8 scales are floating point; an integer tensor in their place is a corrupt file.
 void require_float(const SafetensorsEntry& e) {
@@ -24,84 +32,171 @@ void require_float(const SafetensorsEntry& e) {
              "{}: tensor \"{}\" has dtype {}; weights are F32, BF16, F16 or F8_E4M3", e.file, e.name, dtype_name(t));
 }
 
-// Widens one checkpoint tensor to f32 on the host, dequantising FP8 blocks.
-std::vector<float> read_f32(const ModelConfig& c, const Checkpoint& ckpt, const SafetensorsEntry& e) {
-  require_float(e);
+std::vector<float> widen(const SafetensorsEntry& e) {
   std::vector<float> out(static_cast<size_t>(shape_numel(e.shape)));
   convert_to_f32(e.dtype, e.data, out.data(), out.size());
-  if (e.dtype != DType::F8E4M3) return out;
+  return out;
+}
+
+// Scales as shipped, widened; the backend keeps bf16 ones as bf16 (exact), others as f32.
+void read_scales(const SafetensorsEntry& s, HostWeight& w) {
+  KILN_CHECK(s.dtype == DType::F32 || s.dtype == DType::BF16 || s.dtype == DType::F16,
+             "{}: scale tensor \"{}\" has dtype {}; scales are F32, BF16 or F16", s.file, s.name, dtype_name(s.dtype));
+  w.scale = widen(s);
+  w.scale_dtype = s.dtype == DType::BF16 ? DType::BF16 : DType::F32;
+}
+
+// An FP8 projection: e4m3 codes kept as they are, weight_scale_inv one f32 per block.
+HostWeight read_fp8(const ModelConfig& c, const Checkpoint& ckpt, const SafetensorsEntry& e) {
   const std::string sname = e.name + kScaleSuffix;
   const SafetensorsEntry* s = ckpt.find(sname);
   KILN_CHECK(s != nullptr, "{}: FP8 tensor \"{}\" has no \"{}\"", e.file, e.name, sname);
   KILN_CHECK(e.shape.size() == 2, "{}: FP8 tensor \"{}\" must be 2-D, has shape {}", e.file, e.name,
              shape_str(e.shape));
-  const int64_t bn = c.fp8 ? c.fp8->block_n : 128, bk = c.fp8 ? c.fp8->block_k : 128;
-  const int64_t n = e.shape[0], k = e.shape[1];
-  auto blocks = [](int64_t len, int64_t block) { return len == 0 ? 0 : (len - 1) / block + 1; };  // no overflow
-  const Shape want = {blocks(n, bn), blocks(k, bk)};
+  HostWeight w;
+  w.n = e.shape[0];
+  w.k = e.shape[1];
+  w.dtype = DType::F8E4M3;
+  w.block_n = c.fp8 ? c.fp8->block_n : 128;
+  w.block_k = c.fp8 ? c.fp8->block_k : 128;
+  const Shape want = {ceil_div(w.n, w.block_n), ceil_div(w.k, w.block_k)};
   KILN_CHECK(s->shape == want, "{}: tensor \"{}\" has shape {} but {} x {} blocks of {} need {}", s->file, sname,
-             shape_str(s->shape), bn, bk, shape_str(e.shape), shape_str(want));
-  require_float(*s);
-  std::vector<float> scale(static_cast<size_t>(shape_numel(s->shape)));
-  convert_to_f32(s->dtype, s->data, scale.data(), scale.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < k; ++j)
-      out[static_cast<size_t>(i * k + j)] *= scale[static_cast<size_t>((i / bn) * want[1] + j / bk)];
-  return out;
+             shape_str(s->shape), w.block_n, w.block_k, shape_str(e.shape), shape_str(want));
+  const auto* p = static_cast<const uint8_t*>(e.data);
+  w.codes.assign(p, p + e.nbytes);
+  read_scales(*s, w);
+  return w;
+}
+
+// A compressed-tensors INT4 projection `base.weight`: the packed int32 words kept as they are.
+HostWeight read_int4(const ModelConfig& c, const Checkpoint& ckpt, const std::string& base, const Shape& shape) {
+  const SafetensorsEntry* p = ckpt.find(base + ".weight_packed");
+  const SafetensorsEntry* s = ckpt.find(base + ".weight_scale");
+  const SafetensorsEntry* sh = ckpt.find(base + ".weight_shape");
+  KILN_CHECK(c.int4.has_value(),
+             "{}: \"{}.weight_packed\" is INT4 pack-quantized but config.json has no "
+             "compressed-tensors quantization_config",
+             p->file, base);
+  KILN_CHECK(s != nullptr && sh != nullptr,
+             "{}: \"{}.weight_packed\" needs \"{}.weight_scale\" and "
+             "\"{}.weight_shape\" beside it",
+             p->file, base, base, base);
+  HostWeight w;
+  w.n = shape[0];
+  w.k = shape[1];
+  w.dtype = DType::I4X8;
+  w.block_n = 1;
+  w.block_k = c.int4->group_size;
+  KILN_CHECK(sh->dtype == DType::I32 || sh->dtype == DType::I64, "{}: \"{}\" must be I32 or I64, has {}", sh->file,
+             sh->name, dtype_name(sh->dtype));
+  KILN_CHECK(sh->shape == Shape{2}, "{}: \"{}\" must hold 2 values, has shape {}", sh->file, sh->name,
+             shape_str(sh->shape));
+  Shape stored(2);
+  for (size_t i = 0; i < 2; ++i) {  // memcpy: safetensors data need not be aligned
+    if (sh->dtype == DType::I32) {
+      int32_t v;
+      std::memcpy(&v, static_cast<const char*>(sh->data) + 4 * i, 4);
+      stored[i] = v;
+    } else {
+      std::memcpy(&stored[i], static_cast<const char*>(sh->data) + 8 * i, 8);
+    }
+  }
+  KILN_CHECK(stored == shape, "{}: \"{}\" says {} but the config expects {}", sh->file, sh->name, shape_str(stored),
+             shape_str(shape));
+  const Shape packed = {w.n, ceil_div(w.k, 8)};
+  KILN_CHECK(p->dtype == DType::I32, "{}: \"{}\" must be I32 (eight int4 a word), has {}", p->file, p->name,
+             dtype_name(p->dtype));
+  KILN_CHECK(p->shape == packed, "{}: \"{}\" has shape {} but a {} weight packs to {}", p->file, p->name,
+             shape_str(p->shape), shape_str(shape), shape_str(packed));
+  const Shape grid = {w.n, ceil_div(w.k, w.block_k)};
+  KILN_CHECK(s->shape == grid, "{}: \"{}\" has shape {} but groups of {} over {} need {}", s->file, s->name,
+             shape_str(s->shape), w.block_k, shape_str(shape), shape_str(grid));
+  const auto* b = static_cast<const uint8_t*>(p->data);
+  w.codes.assign(b, b + p->nbytes);
+  read_scales(*s, w);
+  return w;
+}
+
+// Projections a plain checkpoint gets in FP8 under --quantization fp8: those DeepSeek-V3 ships in FP8.
+bool fp8_online(const WeightSpec& w) {
+  return w.matrix && !w.mtp && w.role != WeightRole::LmHead && w.role != WeightRole::Embedding &&
+         w.role != WeightRole::Router;
 }
 
 class Loader {
  public:
-  Loader(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be) : c_(c), ckpt_(ckpt), be_(be) {
+  Loader(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be, WeightQuant quant)
+      : c_(c), ckpt_(ckpt), be_(be), quant_(quant) {
+    KILN_CHECK(quant == WeightQuant::None || quant == WeightQuant::Fp8,
+               "internal: loading a checkpoint quantizes to fp8 or not at all");
+    KILN_CHECK(quant == WeightQuant::None || (!c.fp8 && !c.int4),
+               "{}: --quantization fp8 quantizes a bf16/f32 checkpoint; this one ships quantized already ({})",
+               ckpt.dir(), c.fp8 ? "fp8" : "compressed-tensors int4");
     for (const auto& w : weight_layout(c)) specs_.emplace(w.name, w);
     check_unexpected();
+    check_ignore_list();
   }
 
-  // One tensor as stored, converted to the backend's weight dtype.
+  // One plain tensor (norms, embedding, lm_head) in the backend's weight dtype.
   OwnedTensor get(const std::string& name) { return upload(name, host(name), spec(name).shape); }
 
-  std::vector<float> host(const std::string& name) {
-    const SafetensorsEntry& e = entry(name);
-    auto v = read_f32(c_, ckpt_, e);
-    progress_.advance(e.nbytes);
-    return v;
+  // A plain tensor widened to f32 on the host (quantized ones dequantized).
+  std::vector<float> host(const std::string& name) { return dequantize(weight(name)); }
+
+  // A projection as shipped (FP8 codes, INT4 words or plain f32), FP8-quantized under --quantization fp8.
+  HostWeight weight(const std::string& name) {
+    const WeightSpec& w = spec(name);
+    HostWeight h;
+    const std::string base = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+    if (const SafetensorsEntry* e = ckpt_.find(name)) {
+      KILN_CHECK(ckpt_.find(base + ".weight_packed") == nullptr, "{}: \"{}\" ships both plain and packed (\"{}\")",
+                 e->file, name, base + ".weight_packed");
+      KILN_CHECK(e->shape == w.shape, "{}: tensor \"{}\" has shape {} but the config expects {}", e->file, name,
+                 shape_str(e->shape), shape_str(w.shape));
+      require_float(*e);
+      if (e->dtype == DType::F8E4M3) {
+        h = read_fp8(c_, ckpt_, *e);
+      } else {
+        h.dense = widen(*e);
+        h.n = w.shape[0];
+        h.k = w.shape.size() > 1 ? w.shape[1] : 1;
+      }
+      progress_.advance(e->nbytes);
+    } else {
+      const SafetensorsEntry* p = ckpt_.find(base + ".weight_packed");
+      KILN_CHECK(p != nullptr && w.shape.size() == 2, "{}: missing tensor \"{}\" (expected shape {})", ckpt_.dir(),
+                 name, shape_str(w.shape));
+      h = read_int4(c_, ckpt_, base, w.shape);
+      progress_.advance(p->nbytes);
+    }
+    if (quant_ == WeightQuant::Fp8 && fp8_online(w) && !h.quantized()) h = quantize_fp8(h);
+    return h;
   }
 
   OwnedTensor upload(const std::string& what, const std::vector<float>& v, Shape shape, bool force_f32 = false) {
-    const DType dt = force_f32 ? DType::F32 : be_.weight_dtype();
-    OwnedTensor t = be_.alloc(dt, std::move(shape));
-    KILN_CHECK(static_cast<size_t>(t.t.numel()) == v.size(), "internal: {} size mismatch", what);
-    if (dt == DType::F32) {
-      be_.upload(t.t, v.data());
-    } else {
-      KILN_CHECK(dt == DType::BF16, "internal: unsupported weight dtype {}", dtype_name(dt));
-      std::vector<uint16_t> h(v.size());
-      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-      be_.upload(t.t, h.data());
-    }
-    return t;
+    return upload_plain(be_, what, v, std::move(shape), force_f32 ? DType::F32 : be_.weight_dtype());
+  }
+  Weight upload(const std::string& what, const HostWeight& h, int64_t experts = 0) {
+    return upload_weight(be_, what, h, experts);
   }
 
   const WeightSpec& spec(const std::string& name) const { return specs_.at(name); }
   void finish() { progress_.finish(); }
 
  private:
-  const SafetensorsEntry& entry(const std::string& name) {
-    const WeightSpec& w = spec(name);
-    const SafetensorsEntry* e = ckpt_.find(name);
-    KILN_CHECK(e != nullptr, "{}: missing tensor \"{}\" (expected shape {})", ckpt_.dir(), name, shape_str(w.shape));
-    KILN_CHECK(e->shape == w.shape, "{}: tensor \"{}\" has shape {} but the config expects {}", e->file, name,
-               shape_str(e->shape), shape_str(w.shape));
-    return *e;
+  // The weight a checkpoint tensor belongs to: itself, or the `.weight` whose scale / packing it is.
+  std::string base_of(const std::string& name) const {
+    if (name.ends_with(kScaleSuffix)) return name.substr(0, name.size() - std::strlen(kScaleSuffix));
+    for (const char* suffix : kPackedSuffixes)
+      if (name.ends_with(std::string(".weight") + suffix)) return name.substr(0, name.size() - std::strlen(suffix));
+    return name;
   }
 
   void check_unexpected() {
     size_t total = 0;
     for (const auto& [name, e] : ckpt_.tensors()) {
-      std::string base = name;
-      if (base.size() > std::strlen(kScaleSuffix) && base.ends_with(kScaleSuffix))
-        base.resize(base.size() - std::strlen(kScaleSuffix));
-      auto it = specs_.find(base);
+      auto it = specs_.find(name);
+      if (it == specs_.end()) it = specs_.find(base_of(name));
       KILN_CHECK(it != specs_.end(), "{}: unexpected tensor \"{}\" (shape {}) is not part of this config's model",
                  e->file, name, shape_str(e->shape));
       if (!it->second.mtp) total += e->nbytes;
@@ -109,83 +204,102 @@ class Loader {
     progress_ = Progress("loading " + ckpt_.dir(), total);
   }
 
+  // A module the config's ignore list names exactly must ship unquantized ("re:" patterns are not
+  // evaluated: the tensors themselves say what is packed).
+  void check_ignore_list() const {
+    if (!c_.int4) return;
+    for (const std::string& m : c_.int4->ignore) {
+      if (m.starts_with("re:")) continue;
+      const SafetensorsEntry* p = ckpt_.find(m + ".weight_packed");
+      KILN_CHECK(p == nullptr, "{}: \"{}\" is packed INT4 but quantization_config.ignore lists \"{}\" as unquantized",
+                 p ? p->file : ckpt_.dir(), m + ".weight_packed", m);
+    }
+  }
+
   const ModelConfig& c_;
   const Checkpoint& ckpt_;
   ops::Backend& be_;
+  WeightQuant quant_;
   std::map<std::string, WeightSpec> specs_;
   Progress progress_{"", 0};
 };
 
-// Stacks matrices row-wise (gate over up, q over kv_a) into one host array.
-std::vector<float> concat(std::vector<float> a, const std::vector<float>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
-  const std::string p = fmt::format("model.layers.{}.", l);
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim,
-                r = c.kv_lora_rank;
-  w.input_norm = ld.get(p + "input_layernorm.weight");
-  w.post_attn_norm = ld.get(p + "post_attention_layernorm.weight");
-  const std::string q_name = p + (c.q_lora_rank > 0 ? "self_attn.q_a_proj.weight" : "self_attn.q_proj.weight");
-  w.qkv_a = ld.upload(q_name + " + kv_a_proj_with_mqa",
-                      concat(ld.host(q_name), ld.host(p + "self_attn.kv_a_proj_with_mqa.weight")),
-                      {qkv_a_q_rows(c) + c.kv_row_dim(), H});
-  if (c.q_lora_rank > 0) {
-    w.q_a_norm = ld.get(p + "self_attn.q_a_layernorm.weight");
-    w.q_b = ld.get(p + "self_attn.q_b_proj.weight");
-  }
-  w.kv_a_norm = ld.get(p + "self_attn.kv_a_layernorm.weight");
-  const std::string kvb = p + "self_attn.kv_b_proj.weight";
-  std::vector<float> kv_b = ld.host(kvb);
+// Transposes W_uk per head out of kv_b's f32 values: [heads, kv_lora, nope].
+std::vector<float> w_uk_transpose(const ModelConfig& c, const std::vector<float>& kv_b) {
+  const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, r = c.kv_lora_rank;
   std::vector<float> uk_t(static_cast<size_t>(nh * r * nope));
   for (int64_t h = 0; h < nh; ++h)
     for (int64_t i = 0; i < nope; ++i)
       for (int64_t j = 0; j < r; ++j)
         uk_t[static_cast<size_t>((h * r + j) * nope + i)] = kv_b[static_cast<size_t>((h * (nope + vd) + i) * r + j)];
-  w.kv_b = ld.upload(kvb, kv_b, ld.spec(kvb).shape);
-  w.w_uk_t = ld.upload(kvb + " (W_uk^T)", uk_t, {nh, r, nope});
-  w.o_proj = ld.get(p + "self_attn.o_proj.weight");
+  return uk_t;
+}
+
+// A quantized kv_b whose scale rows do not start on every head's W_uk and W_uv gets one scale row
+// per weight row, so the absorbed form's per-head view of W_uv finds its scales.
+HostWeight head_aligned_kv_b(const ModelConfig& c, HostWeight kv_b) {
+  if (kv_b.quantized() && (c.qk_nope_head_dim % kv_b.block_n != 0 || c.v_head_dim % kv_b.block_n != 0))
+    return with_unit_block_rows(std::move(kv_b));
+  return kv_b;
+}
+
+void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const int64_t nh = c.num_attention_heads, r = c.kv_lora_rank;
+  w.input_norm = ld.get(p + "input_layernorm.weight");
+  w.post_attn_norm = ld.get(p + "post_attention_layernorm.weight");
+  const std::string q_name = p + (c.q_lora_rank > 0 ? "self_attn.q_a_proj.weight" : "self_attn.q_proj.weight");
+  w.qkv_a = ld.upload(q_name + " + kv_a_proj_with_mqa",
+                      concat_rows({ld.weight(q_name), ld.weight(p + "self_attn.kv_a_proj_with_mqa.weight")}));
+  if (c.q_lora_rank > 0) {
+    w.q_a_norm = ld.get(p + "self_attn.q_a_layernorm.weight");
+    w.q_b = ld.upload(p + "self_attn.q_b_proj.weight", ld.weight(p + "self_attn.q_b_proj.weight"));
+  }
+  w.kv_a_norm = ld.get(p + "self_attn.kv_a_layernorm.weight");
+  const std::string kvb = p + "self_attn.kv_b_proj.weight";
+  HostWeight kv_b = head_aligned_kv_b(c, ld.weight(kvb));
+  // W_uk^T comes from the values the expanded form multiplies by, so both forms compute one model.
+  w.w_uk_t = ld.upload(kvb + " (W_uk^T)", w_uk_transpose(c, dequantize(kv_b)), {nh, r, c.qk_nope_head_dim});
+  w.kv_b = ld.upload(kvb, kv_b);
+  w.o_proj = ld.upload(p + "self_attn.o_proj.weight", ld.weight(p + "self_attn.o_proj.weight"));
   w.moe = c.is_moe_layer(l);
   if (!w.moe) {
-    w.mlp_gate_up =
-        ld.upload(p + "mlp.gate_up", concat(ld.host(p + "mlp.gate_proj.weight"), ld.host(p + "mlp.up_proj.weight")),
-                  {2 * c.intermediate_size, H});
-    w.mlp_down = ld.get(p + "mlp.down_proj.weight");
+    w.mlp_gate_up = ld.upload(
+        p + "mlp.gate_up", concat_rows({ld.weight(p + "mlp.gate_proj.weight"), ld.weight(p + "mlp.up_proj.weight")}));
+    w.mlp_down = ld.upload(p + "mlp.down_proj.weight", ld.weight(p + "mlp.down_proj.weight"));
     return;
   }
-  const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-  w.router = ld.upload(p + "mlp.gate.weight", ld.host(p + "mlp.gate.weight"), {E, H}, true);
+  const int64_t E = c.n_routed_experts;
+  w.router = ld.upload(p + "mlp.gate.weight", ld.host(p + "mlp.gate.weight"), {E, c.hidden_size}, true);
   w.router_bias =
       ld.upload(p + "mlp.gate.e_score_correction_bias", ld.host(p + "mlp.gate.e_score_correction_bias"), {E}, true);
-  std::vector<float> gu, dn;
-  gu.reserve(static_cast<size_t>(E * 2 * I * H));
-  dn.reserve(static_cast<size_t>(E * H * I));
+  std::vector<HostWeight> gu, dn;
   for (int64_t e = 0; e < E; ++e) {
     const std::string ep = p + fmt::format("mlp.experts.{}.", e);
-    auto g = ld.host(ep + "gate_proj.weight");
-    auto u = ld.host(ep + "up_proj.weight");
-    auto d = ld.host(ep + "down_proj.weight");
-    gu.insert(gu.end(), g.begin(), g.end());
-    gu.insert(gu.end(), u.begin(), u.end());
-    dn.insert(dn.end(), d.begin(), d.end());
+    gu.push_back(concat_rows({ld.weight(ep + "gate_proj.weight"), ld.weight(ep + "up_proj.weight")}));
+    dn.push_back(ld.weight(ep + "down_proj.weight"));
   }
-  w.experts_gate_up = ld.upload(p + "mlp.experts (gate_up)", gu, {E, 2 * I, H});
-  w.experts_down = ld.upload(p + "mlp.experts (down)", dn, {E, H, I});
+  w.experts_gate_up = ld.upload(p + "mlp.experts (gate_up)", stack_experts(std::move(gu)), E);
+  w.experts_down = ld.upload(p + "mlp.experts (down)", stack_experts(std::move(dn)), E);
   if (c.n_shared_experts > 0) {
-    const int64_t S = I * c.n_shared_experts;
     const std::string sp = p + "mlp.shared_experts.";
     w.shared_gate_up =
-        ld.upload(sp + "gate_up", concat(ld.host(sp + "gate_proj.weight"), ld.host(sp + "up_proj.weight")), {2 * S, H});
-    w.shared_down = ld.get(sp + "down_proj.weight");
+        ld.upload(sp + "gate_up", concat_rows({ld.weight(sp + "gate_proj.weight"), ld.weight(sp + "up_proj.weight")}));
+    w.shared_down = ld.upload(sp + "down_proj.weight", ld.weight(sp + "down_proj.weight"));
   }
 }
 
 }  // namespace
 
-ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be) {
-  Loader ld(c, ckpt, be);
+WeightQuant parse_weight_quant(const std::string& s, const std::string& flag) {
+  if (s == "none" || s == "auto" || s == "bf16") return WeightQuant::None;
+  if (s == "fp8") return WeightQuant::Fp8;
+  if (s == "int4") return WeightQuant::Int4Experts;
+  fail("{} must be none, fp8 or int4, got \"{}\"", flag, s);
+}
+
+ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be, WeightQuant quant) {
+  Loader ld(c, ckpt, be, quant);
   ModelWeights w;
   w.embed = ld.get("model.embed_tokens.weight");
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
@@ -193,97 +307,6 @@ ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Bac
   w.final_norm = ld.get("model.norm.weight");
   w.lm_head = c.tie_word_embeddings ? w.embed : ld.get("lm_head.weight");
   ld.finish();
-  return w;
-}
-
-namespace {
-
-class RandomFiller {
- public:
-  RandomFiller(ops::Backend& be, uint64_t seed) : be_(be), seed_(seed) {}
-  // A projection [rows, cols]: uniform(±sqrt(3 / cols)) so outputs have about unit variance.
-  OwnedTensor matrix(Shape shape, DType dt) {
-    OwnedTensor t = be_.alloc(dt, shape);
-    be_.fill_random(t.t, ++seed_, std::sqrt(3.0f / static_cast<float>(shape.back())));
-    return t;
-  }
-  OwnedTensor constant(int64_t n, float v) {
-    OwnedTensor t = be_.alloc(DType::F32, {n});
-    std::vector<float> h(static_cast<size_t>(n), v);
-    be_.upload(t.t, h.data());
-    return t;
-  }
-
- private:
-  ops::Backend& be_;
-  uint64_t seed_;
-};
-
-}  // namespace
-
-ModelWeights random_weights(const ModelConfig& c, ops::Backend& be, uint64_t seed) {
-  RandomFiller f(be, seed);
-  const DType wd = be.weight_dtype();
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim,
-                r = c.kv_lora_rank;
-  ModelWeights w;
-  w.embed = f.matrix({c.vocab_size, H}, wd);
-  Progress progress("random weights", static_cast<size_t>(c.num_hidden_layers));
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    LayerWeights lw;
-    lw.input_norm = f.constant(H, 1.0f);
-    lw.post_attn_norm = f.constant(H, 1.0f);
-    lw.qkv_a = f.matrix({qkv_a_q_rows(c) + c.kv_row_dim(), H}, wd);  // q_a_proj or q_proj, then kv_a
-    if (c.q_lora_rank > 0) {
-      lw.q_a_norm = f.constant(c.q_lora_rank, 1.0f);
-      lw.q_b = f.matrix({nh * c.qk_head_dim(), c.q_lora_rank}, wd);
-    }
-    lw.kv_a_norm = f.constant(r, 1.0f);
-    // kv_b is small: make it on the host so W_uk^T is its exact transpose.
-    OwnedTensor kvb_f32 = f.matrix({nh * (nope + vd), r}, DType::F32);
-    std::vector<float> kv_b(static_cast<size_t>(kvb_f32.t.numel()));
-    be.download(kv_b.data(), kvb_f32.t);
-    std::vector<float> uk_t(static_cast<size_t>(nh * r * nope));
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t i = 0; i < nope; ++i)
-        for (int64_t j = 0; j < r; ++j)
-          uk_t[static_cast<size_t>((h * r + j) * nope + i)] = kv_b[static_cast<size_t>((h * (nope + vd) + i) * r + j)];
-    auto to_backend = [&](const std::vector<float>& v, Shape shape) {
-      OwnedTensor t = be.alloc(wd, std::move(shape));
-      if (wd == DType::F32) {
-        be.upload(t.t, v.data());
-      } else {
-        std::vector<uint16_t> hb(v.size());
-        for (size_t i = 0; i < v.size(); ++i) hb[i] = f32_to_bf16(v[i]);
-        be.upload(t.t, hb.data());
-      }
-      return t;
-    };
-    lw.kv_b = to_backend(kv_b, {nh * (nope + vd), r});
-    lw.w_uk_t = to_backend(uk_t, {nh, r, nope});
-    lw.o_proj = f.matrix({H, nh * vd}, wd);
-    lw.moe = c.is_moe_layer(l);
-    if (!lw.moe) {
-      lw.mlp_gate_up = f.matrix({2 * c.intermediate_size, H}, wd);
-      lw.mlp_down = f.matrix({H, c.intermediate_size}, wd);
-    } else {
-      const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
-      lw.router = f.matrix({E, H}, DType::F32);
-      lw.router_bias = f.constant(E, 0.0f);
-      lw.experts_gate_up = f.matrix({E, 2 * I, H}, wd);
-      lw.experts_down = f.matrix({E, H, I}, wd);
-      if (c.n_shared_experts > 0) {
-        const int64_t S = I * c.n_shared_experts;
-        lw.shared_gate_up = f.matrix({2 * S, H}, wd);
-        lw.shared_down = f.matrix({H, S}, wd);
-      }
-    }
-    w.layers.push_back(std::move(lw));
-    progress.advance();
-  }
-  progress.finish();
-  w.final_norm = f.constant(H, 1.0f);
-  w.lm_head = c.tie_word_embeddings ? w.embed : f.matrix({c.vocab_size, H}, wd);
   return w;
 }
 

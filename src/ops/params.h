@@ -4,10 +4,33 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
 
 namespace kiln::ops {
+
+// The scales of a quantized weight (data null: the weight is plain w_dtype values, no scales).
+// Element (r, c) of an [n, k] weight W of dtype w_dtype decodes as
+//   F8E4M3: e4m3(code[r * k + c]) * s(r, c)   (DeepSeek-V3 FP8: 128 x 128 blocks, `weight_scale_inv`
+//           is the multiplier despite its name)
+//   I4X8:   int4_from_word(word[r * ceil(k / 8) + c / 8], c % 8) * s(r, c)   (compressed-tensors
+//           pack-quantized, symmetric, as Kimi K2-Thinking ships it: int32 words of eight values
+//           along k, value j in bits 4j..4j+3 stored as nibble - 8, rows padded to whole words;
+//           `weight_scale` [n, k / group], group 32, so block_n 1 and block_k 32)
+// with s(r, c) = data[(r / block_n) * ceil(k / block_k) + c / block_k], a row-major grid of
+// [ceil(n / block_n), ceil(k / block_k)] scales of `dtype` (F32 or BF16). A fused weight (gate rows
+// then up rows, q_a then kv_a) whose parts do not start on a block_n boundary can still be expressed
+// with block_n 1 and its scale rows repeated. A view starting at weight row r0 (a head of kv_b)
+// offsets data by (r0 / block_n) rows of scales; r0 must be a multiple of block_n.
+// The CPU reference dequantizes exactly (f32) and computes as for f32 weights. CUDA takes F8E4M3
+// with F32 scales and block_k a multiple of 16, I4X8 with BF16 or F32 scales, block_k a multiple of 8.
+struct WeightScales {
+  const void* data = nullptr;  // [ceil(n / block_n), ceil(k / block_k)] (per expert: [E, ...] contiguous)
+  DType dtype = DType::F32;
+  int64_t block_n = 0, block_k = 0;
+  bool quantized() const { return data != nullptr; }
+};
 
 struct EmbeddingParams {
   const int32_t* ids;  // [num_tokens]
@@ -61,6 +84,8 @@ struct LinearParams {
   // skip the lo part, which is zero. Results are then the same up to summation order; x that is
   // not bf16 gets rounded on CUDA (the GEMVs and f32 weights ignore the hint).
   bool x_bf16 = false;
+  // Scales of a quantized w (F8E4M3 codes or I4X8 words, see WeightScales); default: none.
+  WeightScales w_scales = {};
 };
 
 // Per head h: y[:, h, :] = x[:, h, :] · W[h]ᵀ, every head in one call (the absorbed form's W_uk
@@ -68,12 +93,16 @@ struct LinearParams {
 struct LinearHeadsParams {
   const float* x;  // [m, heads, k] at x + t * x_stride + h * x_head_stride (x_stride 0: heads * k)
   int64_t x_stride, x_head_stride;
-  const void* w;  // head h: [n, k] row-major at w + h * w_head_stride (elements)
+  const void* w;  // head h: [n, k] row-major at w + h * w_head_stride (elements of w_dtype: I4X8 words)
   int64_t w_head_stride;
   DType w_dtype;
   float* y;  // [m, heads, n] at y + t * y_stride + h * y_head_stride (y_stride 0: heads * n)
   int64_t y_stride, y_head_stride;
   int64_t heads, m, n, k;
+  // Scales of a quantized w (WeightScales): head h's grid at w_scales.data + h * w_scale_head_stride
+  // (elements of w_scales.dtype). Default: none.
+  WeightScales w_scales = {};
+  int64_t w_scale_head_stride = 0;
 };
 
 // out[i] = a[i] + b[i]
@@ -283,8 +312,8 @@ struct MoeParams {
   const float* x;             // [num_tokens, hidden]
   const int32_t* topk_ids;    // [num_tokens, top_k]
   const float* topk_weights;  // [num_tokens, top_k]
-  const void* w_gate_up;      // [num_experts, 2 * inter, hidden]: gate rows then up rows
-  const void* w_down;         // [num_experts, hidden, inter]
+  const void* w_gate_up;      // [num_experts, 2 * inter, hidden]: gate rows then up rows (I4X8: hidden / 8 words)
+  const void* w_down;         // [num_experts, hidden, inter] (I4X8: inter / 8 words a row)
   DType w_dtype;
   float* out;  // [num_tokens, hidden] (overwritten)
   int64_t num_tokens, hidden, inter, num_experts, top_k;
@@ -296,6 +325,15 @@ struct MoeParams {
   // Optional addend (the residual stream joining the FFN's output): out[t] += add[t]. Must not
   // overlap out.
   const float* add = nullptr;  // [num_tokens, hidden]
+  // Quantized experts (WeightScales; default none): one scale grid per expert, contiguous, e.g.
+  // gate/up [num_experts, ceil(2 * inter / block_n), ceil(hidden / block_k)] and down
+  // [num_experts, ceil(hidden / block_n), ceil(inter / block_k)].
+  WeightScales w_gate_up_scales = {}, w_down_scales = {};
+  // The shared experts' dtype when it differs from the routed ones' (Kimi K2-Thinking keeps them
+  // bf16 beside INT4 experts); nullopt: w_dtype. Their scales when quantized (no expert dimension).
+  std::optional<DType> w_shared_dtype = std::nullopt;
+  WeightScales w_shared_gate_up_scales = {}, w_shared_down_scales = {};
+  DType shared_dtype() const { return w_shared_dtype.value_or(w_dtype); }
 };
 
 // Expert parallelism: keeps the routed choices of this rank's experts [begin, begin + count), in

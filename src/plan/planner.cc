@@ -200,7 +200,8 @@ Plan make_plan(const std::string& model_name, const ModelConfig& c, const GpuSpe
   p.reserve_bytes_per_gpu = o.reserve_bytes >= 0 ? o.reserve_bytes : reserve_estimate(c, o.prefill_chunk);
   p.kv_bytes_per_token = kv_bytes_per_token(c, o.kv_bytes_per_value);
   p.kv_bytes_per_token_per_gpu = static_cast<double>(p.kv_bytes_per_token) / static_cast<double>(l.dcp);
-  p.kv_pool_bytes_per_gpu = p.usable_bytes_per_gpu - p.w.bytes_per_gpu - p.reserve_bytes_per_gpu;
+  p.kv_pool_bytes_per_gpu =
+      p.usable_bytes_per_gpu - p.w.bytes_per_gpu - p.w.loaded_extra_bytes_per_gpu - p.reserve_bytes_per_gpu;
   // A GPU stores whole latent rows; a token's row lives on one DCP rank of its TP group (replicated
   // over the other tp/dcp ranks), and each attention-DP group holds its own sequences.
   const double rows_per_gpu =

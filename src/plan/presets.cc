@@ -147,6 +147,10 @@ const ModelPreset* find_preset(const std::string& name) {
   return nullptr;
 }
 
+WeightFormat checkpoint_format(const ModelConfig& c) {
+  return c.fp8 ? WeightFormat::Fp8 : c.int4 ? WeightFormat::Int4Experts : WeightFormat::Bf16;
+}
+
 ResolvedModel resolve_model(const std::string& arg) {
   namespace fs = std::filesystem;
   KILN_CHECK(!arg.empty(), "--model is required (a checkpoint directory, a config.json, or a preset)");
@@ -154,11 +158,11 @@ ResolvedModel resolve_model(const std::string& arg) {
   if (fs::is_directory(arg, ec)) {
     std::string path = (fs::path(arg) / "config.json").string();
     ModelConfig c = load_model_config(path);
-    return {arg, c, c.fp8 ? WeightFormat::Fp8 : WeightFormat::Bf16};
+    return {arg, c, checkpoint_format(c)};
   }
   if (fs::is_regular_file(arg, ec)) {
     ModelConfig c = load_model_config(arg);
-    return {arg, c, c.fp8 ? WeightFormat::Fp8 : WeightFormat::Bf16};
+    return {arg, c, checkpoint_format(c)};
   }
   if (const ModelPreset* p = find_preset(arg)) return {p->name, p->config, p->default_weights};
   std::string names;

@@ -27,6 +27,8 @@ struct ResolvedModel {
   ModelConfig config;
   WeightFormat default_weights;
 };
+// The format a checkpoint's quantization_config says its weights ship in (none: bf16).
+WeightFormat checkpoint_format(const ModelConfig& c);
 // A directory (its config.json), a config file, or a preset name; anything else is an error that
 // lists the presets.
 ResolvedModel resolve_model(const std::string& arg);

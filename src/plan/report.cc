@@ -110,6 +110,7 @@ json plan_to_json(const Plan& p) {
       {"weight_scale_bytes_total", p.w.scale_bytes},
       {"weight_bytes_by_role", roles},
       {"weight_bytes_per_gpu", p.w.bytes_per_gpu},
+      {"loaded_extra_bytes_per_gpu", p.w.loaded_extra_bytes_per_gpu},
       {"replicated_weight_bytes_per_gpu", p.w.replicated_bytes_per_gpu},
       {"usable_bytes_per_gpu", p.usable_bytes_per_gpu},
       {"reserve_bytes_per_gpu", p.reserve_bytes_per_gpu},

@@ -38,7 +38,14 @@ WeightFormat parse_weight_format(const std::string& s) {
   fail("--weights {}: unknown weight format (bf16, fp8, int4, mxfp4)", s);
 }
 
-TensorBytes tensor_bytes(const WeightSpec& w, WeightFormat f) {
+QuantGeometry quant_geometry(const ModelConfig& c) {
+  QuantGeometry g;
+  if (c.fp8) g.fp8_block_n = c.fp8->block_n, g.fp8_block_k = c.fp8->block_k;
+  if (c.int4) g.int4_group = c.int4->group_size;
+  return g;
+}
+
+TensorBytes tensor_bytes(const WeightSpec& w, WeightFormat f, const QuantGeometry& g) {
   const int64_t n = w.numel();
   // e_score_correction_bias is kept in fp32 by the published checkpoints; everything else that is
   // not quantised is bf16.
@@ -50,11 +57,11 @@ TensorBytes tensor_bytes(const WeightSpec& w, WeightFormat f) {
     case WeightFormat::Fp8:
       // The published FP8 checkpoints keep lm_head in bf16 although it is a projection.
       if (w.matrix && two_d && w.role != WeightRole::LmHead)
-        return {n, ceil_div(rows, 128) * ceil_div(cols, 128) * 4};  // e4m3 + fp32 per 128x128 block
+        return {n, ceil_div(rows, g.fp8_block_n) * ceil_div(cols, g.fp8_block_k) * 4};  // e4m3 + fp32 a block
       break;
     case WeightFormat::Int4Experts:
       if (w.role == WeightRole::RoutedExpert && two_d)
-        return {ceil_div(n, 2), rows * ceil_div(cols, 32) * 2};  // two nibbles a byte + bf16 per 32 inputs
+        return {ceil_div(n, 2), rows * ceil_div(cols, g.int4_group) * 2};  // two nibbles a byte + bf16 a group
       break;
     case WeightFormat::Mxfp4Experts:
       if (w.role == WeightRole::RoutedExpert && two_d)
@@ -94,14 +101,63 @@ MatmulKind matmul_kind(const WeightSpec& w) {
   return MatmulKind::Group;
 }
 
+namespace {
+
+// Extra f32 scale rows when a stacked FP8 weight's part of `rows` rows ends inside a block: the
+// whole stack then keeps one scale row per weight row (model/host_weight.h concat_rows).
+int64_t unit_rows_extra(int64_t first_rows, int64_t total_rows, int64_t cols, const QuantGeometry& g) {
+  if (first_rows % g.fp8_block_n == 0) return 0;
+  const int64_t gk = ceil_div(cols, g.fp8_block_k);
+  return (total_rows - ceil_div(first_rows, g.fp8_block_n) - ceil_div(total_rows - first_rows, g.fp8_block_n)) * gk * 4;
+}
+
+// Per layer: the bytes Kiln holds beyond the checkpoint's, split as they shard (replicated, by head /
+// TP, routed experts over the world).
+struct LayerExtra {
+  double replicated = 0, tp = 0, world = 0;
+};
+
+LayerExtra layer_extra(const ModelConfig& c, int64_t l, WeightFormat f, const QuantGeometry& g) {
+  LayerExtra e;
+  const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, r = c.kv_lora_rank;
+  e.tp += static_cast<double>(nh * r * nope * 2);  // W_uk^T in bf16
+  if (f != WeightFormat::Fp8) return e;
+  const int64_t H = c.hidden_size;
+  const int64_t q_rows = c.q_lora_rank > 0 ? c.q_lora_rank : nh * c.qk_head_dim();
+  e.replicated += static_cast<double>(unit_rows_extra(q_rows, q_rows + c.kv_row_dim(), H, g));
+  if (nope % g.fp8_block_n != 0 || vd % g.fp8_block_n != 0) {
+    const int64_t rows = nh * (nope + vd), gk = ceil_div(r, g.fp8_block_k);
+    e.tp += static_cast<double>((rows - ceil_div(rows, g.fp8_block_n)) * gk * 4);
+  }
+  if (!c.is_moe_layer(l)) {
+    e.tp += static_cast<double>(unit_rows_extra(c.intermediate_size, 2 * c.intermediate_size, H, g));
+    return e;
+  }
+  const int64_t I = c.moe_intermediate_size;
+  e.world += static_cast<double>(c.n_routed_experts * unit_rows_extra(I, 2 * I, H, g));
+  if (c.n_shared_experts > 0) {
+    const int64_t S = I * c.n_shared_experts;
+    e.tp += static_cast<double>(unit_rows_extra(S, 2 * S, H, g));
+  }
+  return e;
+}
+
+}  // namespace
+
 WeightTotals weight_totals(const ModelConfig& c, WeightFormat f, int64_t tp, int64_t world, bool include_mtp) {
   KILN_CHECK(tp > 0 && world > 0 && world % tp == 0, "attention TP {} must divide the {} GPUs", tp, world);
   WeightTotals t;
+  const QuantGeometry g = quant_geometry(c);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerExtra e = layer_extra(c, l, f, g);
+    t.loaded_extra_bytes_per_gpu +=
+        e.replicated + e.tp / static_cast<double>(tp) + e.world / static_cast<double>(world);
+  }
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) t.moe_layers += c.is_moe_layer(l) ? 1 : 0;
   const double per_expert = c.n_routed_experts > 0 ? 1.0 / static_cast<double>(c.n_routed_experts) : 0.0;
   for (const auto& w : weight_layout(c)) {
     if (w.mtp && !include_mtp) continue;
-    const TensorBytes b = tensor_bytes(w, f);
+    const TensorBytes b = tensor_bytes(w, f, g);
     t.params += w.numel();
     t.bytes += b.total();
     t.scale_bytes += b.scale;

@@ -29,8 +29,15 @@ struct TensorBytes {
   int64_t scale = 0;  // block / group scales
   int64_t total() const { return data + scale; }
 };
+// Block and group sizes of the quantized formats: a checkpoint's own (its quantization_config),
+// else what the published checkpoints use.
+struct QuantGeometry {
+  int64_t fp8_block_n = 128, fp8_block_k = 128;  // DeepSeek-V3 weight_block_size
+  int64_t int4_group = 32;                       // Kimi K2-Thinking group_size
+};
+QuantGeometry quant_geometry(const ModelConfig& c);
 // Storage of one tensor in format `f`.
-TensorBytes tensor_bytes(const WeightSpec& w, WeightFormat f);
+TensorBytes tensor_bytes(const WeightSpec& w, WeightFormat f, const QuantGeometry& g = {});
 
 // How a tensor is split over the GPUs of a layout.
 enum class Shard : uint8_t {
@@ -65,6 +72,10 @@ struct WeightTotals {
   double logits_params_per_gpu = 0;        // lm_head params per GPU
   double expert_params_all_layers = 0;     // one routed expert over all MoE layers (params)
   int64_t moe_layers = 0;
+  // What Kiln holds beyond the checkpoint's bytes, per GPU (model/weights.h): W_uk^T, the absorbed
+  // form's transpose of kv_b's k rows (plain bf16), and scale grids stacked with one row per weight
+  // row where a fused part (gate over up, q over kv_a, a head of kv_b) ends inside a block.
+  double loaded_extra_bytes_per_gpu = 0;
 };
 
 // Totals for `c` in format `f` on a layout with attention-TP size `tp` and `world` GPUs.

@@ -73,6 +73,31 @@ TEST(WeightBytes, TotalsAddUpAndShard) {
   EXPECT_NEAR(static_cast<double>(weight_totals(c, WeightFormat::Bf16, 1, 1, false).bytes), 2052.8e9, 1e9);
 }
 
+// A checkpoint's own block and group sizes set its scale bytes, and what Kiln holds beyond the
+// checkpoint (model/weights.h) is counted apart: W_uk^T (bf16) always, and one f32 scale row per
+// weight row for stacked FP8 weights whose first part ends inside a block.
+TEST(WeightBytes, QuantGeometryAndLoadedExtras) {
+  ModelConfig c = find_preset("deepseek-v3")->config;
+  const int64_t w_uk_t = c.num_hidden_layers * c.num_attention_heads * c.kv_lora_rank * c.qk_nope_head_dim * 2;
+  // DeepSeek-V3's widths are multiples of 128: only W_uk^T is extra.
+  EXPECT_DOUBLE_EQ(weight_totals(c, WeightFormat::Fp8, 1, 1, false).loaded_extra_bytes_per_gpu,
+                   static_cast<double>(w_uk_t));
+  EXPECT_NEAR(weight_totals(c, WeightFormat::Bf16, 8, 8, false).loaded_extra_bytes_per_gpu, w_uk_t / 8.0, 1.0);
+  const WeightSpec e =
+      spec("model.layers.3.mlp.experts.0.down_proj.weight", {7168, 2048}, WeightRole::RoutedExpert, true);
+  c.fp8 = Fp8Quant{64, 32};
+  EXPECT_EQ(tensor_bytes(e, WeightFormat::Fp8, quant_geometry(c)).scale, 112 * 64 * 4);
+  c.int4 = Int4Quant{128, {}};
+  EXPECT_EQ(tensor_bytes(e, WeightFormat::Int4Experts, quant_geometry(c)).scale, 7168 * 16 * 2);
+  // moe_intermediate_size 2000 ends inside a 128-row block: gate|up keeps 4000 scale rows, not 16 + 16.
+  ModelConfig odd = find_preset("deepseek-v3")->config;
+  odd.moe_intermediate_size = 2000;
+  const int64_t moe_layers = odd.num_hidden_layers - odd.first_k_dense_replace;
+  const int64_t per_fused = (4000 - 2 * 16) * 56 * 4;  // 7168 / 128 = 56 scale columns
+  EXPECT_DOUBLE_EQ(weight_totals(odd, WeightFormat::Fp8, 1, 1, false).loaded_extra_bytes_per_gpu,
+                   static_cast<double>(w_uk_t + moe_layers * (odd.n_routed_experts + 1) * per_fused));
+}
+
 TEST(WeightBytes, MtpCountsOnlyWhenAsked) {
   const ModelConfig& c = find_preset("deepseek-v3")->config;
   const WeightTotals main = weight_totals(c, WeightFormat::Fp8, 8, 8, false);

@@ -48,7 +48,10 @@ class CpuBackend final : public Backend {
   void fill_random(const Tensor& t, uint64_t seed, float scale) override { cpu::fill_random(t, seed, scale); }
   std::vector<std::pair<std::string, std::string>> kernel_plan() const override {
     return {{"all ops", "CPU reference (f32; OpenBLAS GEMM, OpenMP loops)"},
-            {"mla_prepare", "CPU reference: copy, rope, rms_norm, rope and kv_scatter composed"}};
+            {"mla_prepare", "CPU reference: copy, rope, rms_norm, rope and kv_scatter composed"},
+            {"quantized weights",
+             "FP8 block-scaled and INT4 group-wise weights dequantized exactly to f32 in "
+             "row panels, then the f32 GEMM"}};
   }
 
   void copy(const CopyParams& p) override { cpu::copy(p); }

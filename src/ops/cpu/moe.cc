@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/quant.h"
 
 namespace kiln::ops::cpu {
 namespace {
@@ -20,6 +21,19 @@ std::vector<int64_t> top_k_indices(const std::vector<float>& v, int64_t k) {
   });
   idx.resize(static_cast<size_t>(k));
   return idx;
+}
+
+// Expert e's slice of a per-expert weight [E, n, k] and of its scales [E, grid of one].
+LinearParams expert_linear(const float* x, const void* w, DType t, const WeightScales& s, int64_t e, float* y,
+                           int64_t m, int64_t n, int64_t k) {
+  LinearParams l{x, 0, static_cast<const char*>(w) + static_cast<size_t>(e * weight_elems(t, n, k)) * dtype_size(t),
+                 t, y, 0,
+                 m, n, k};
+  l.w_scales = s;
+  if (s.quantized())
+    l.w_scales.data =
+        static_cast<const char*>(s.data) + static_cast<size_t>(e * scale_elems(s, n, k)) * dtype_size(s.dtype);
+  return l;
 }
 
 }  // namespace
@@ -88,7 +102,10 @@ void moe(const MoeParams& p) {
       KILN_CHECK(e >= 0 && e < p.num_experts, "moe: expert id {} out of range [0, {})", e, p.num_experts);
       by_expert[static_cast<size_t>(e)].push_back({t, p.topk_weights[t * p.top_k + j]});
     }
-  const size_t esz = dtype_size(p.w_dtype);
+  check_weight("moe experts", p.w_dtype, p.w_gate_up_scales);
+  check_weight("moe experts", p.w_dtype, p.w_down_scales);
+  KILN_CHECK(p.w_gate_up_scales.quantized() == p.w_down_scales.quantized(),
+             "moe: gate/up and down weights must both be scaled or both plain");
   for (int64_t e = 0; e < p.num_experts; ++e) {
     const auto& toks = by_expert[static_cast<size_t>(e)];
     if (toks.empty()) continue;
@@ -96,11 +113,9 @@ void moe(const MoeParams& p) {
     std::vector<float> xin(static_cast<size_t>(n * H)), gu(static_cast<size_t>(n * 2 * I)),
         act(static_cast<size_t>(n * I)), y(static_cast<size_t>(n * H));
     for (int64_t i = 0; i < n; ++i) std::copy_n(p.x + toks[static_cast<size_t>(i)].first * H, H, xin.data() + i * H);
-    const char* wgu = static_cast<const char*>(p.w_gate_up) + static_cast<size_t>(e * 2 * I * H) * esz;
-    const char* wd = static_cast<const char*>(p.w_down) + static_cast<size_t>(e * H * I) * esz;
-    linear({xin.data(), 0, wgu, p.w_dtype, gu.data(), 0, n, 2 * I, H});
+    linear(expert_linear(xin.data(), p.w_gate_up, p.w_dtype, p.w_gate_up_scales, e, gu.data(), n, 2 * I, H));
     swiglu({gu.data(), act.data(), n, I});
-    linear({act.data(), 0, wd, p.w_dtype, y.data(), 0, n, H, I});
+    linear(expert_linear(act.data(), p.w_down, p.w_dtype, p.w_down_scales, e, y.data(), n, H, I));
     for (int64_t i = 0; i < n; ++i) {
       const auto [t, w] = toks[static_cast<size_t>(i)];
       for (int64_t d = 0; d < H; ++d) p.out[t * H + d] += w * y[static_cast<size_t>(i * H + d)];
@@ -111,9 +126,10 @@ void moe(const MoeParams& p) {
     const int64_t T = p.num_tokens, S = p.shared_inter;
     std::vector<float> gu(static_cast<size_t>(T * 2 * S)), act(static_cast<size_t>(T * S)),
         y(static_cast<size_t>(T * H));
-    linear({p.x, 0, p.w_shared_gate_up, p.w_dtype, gu.data(), 0, T, 2 * S, H});
+    linear(
+        expert_linear(p.x, p.w_shared_gate_up, p.shared_dtype(), p.w_shared_gate_up_scales, 0, gu.data(), T, 2 * S, H));
     swiglu({gu.data(), act.data(), T, S});
-    linear({act.data(), 0, p.w_shared_down, p.w_dtype, y.data(), 0, T, H, S});
+    linear(expert_linear(act.data(), p.w_shared_down, p.shared_dtype(), p.w_shared_down_scales, 0, y.data(), T, H, S));
     for (int64_t i = 0; i < T * H; ++i) p.out[i] += y[static_cast<size_t>(i)];
   }
   if (p.add)

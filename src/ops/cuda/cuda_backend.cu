@@ -17,6 +17,7 @@
 #include "ops/cuda/kernel_trace.h"
 #include "ops/cuda/op_profile.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/quant/quant_ops.h"
 
 namespace kiln::ops {
 namespace {
@@ -334,6 +335,15 @@ class CudaBackend final : public Backend {
                     "cp.async stages, SwiGLU in the gate/up epilogue; one cuBLASLt GEMM per expert from >=" +
                     std::to_string(cuda::moe_cublas_min_tokens()) +
                     " uncaptured tokens only when KILN_MOE_WGMMA_MIN_TOKENS is raised, for A/Bs)"},
+        {"quantized weights",
+         "FP8 e4m3 block-scaled and INT4 pack-quantized (group-wise) weights: linear / linear_heads up to " +
+             std::to_string(cuda::quant_gemv_max_rows()) +
+             " rows: kiln quantized GEMV (a warp per weight row, 16-byte loads decoded in registers, a scale per "
+             "chunk, 8 activation rows a launch); more: the weight dequantized to bf16 scratch, then the bf16 "
+             "GEMM; moe up to " +
+             std::to_string(cuda::quant_moe_gemv_max_tokens()) +
+             " tokens: kiln quantized decode kernels (gate/up + SwiGLU, down + combine; shared experts in their "
+             "own dtype); more: the experts dequantized to bf16 scratch, then the bf16 moe paths"},
         {"sample", "kiln multi-CTA sampling (row chunks, last-CTA merges): radix-select cuts, Philox draws"},
         {"norm/rope/etc", "kiln elementwise kernels (f32 activations, float4 RMSNorm)"},
         {"launches", "every decode kernel" + pdl}};
@@ -350,7 +360,7 @@ class CudaBackend final : public Backend {
   }
   void linear(const LinearParams& p) override {
     run([&] { return "linear m" + bucket(p.m) + " " + std::to_string(p.n) + "x" + std::to_string(p.k); },
-        [&] { gemm_.linear(p, stream_); });
+        [&] { cuda::linear_quantized(p) ? cuda::quant_linear(p, gemm_, stream_) : gemm_.linear(p, stream_); });
   }
   void linear_heads(const LinearHeadsParams& p) override {
     run(
@@ -358,7 +368,10 @@ class CudaBackend final : public Backend {
           return "linear_heads m" + bucket(p.m) + " " + std::to_string(p.heads) + "x" + std::to_string(p.n) + "x" +
                  std::to_string(p.k);
         },
-        [&] { gemm_.linear_heads(p, stream_); });
+        [&] {
+          cuda::linear_heads_quantized(p) ? cuda::quant_linear_heads(p, gemm_, stream_)
+                                          : gemm_.linear_heads(p, stream_);
+        });
   }
   void heads_then_linear(const LinearHeadsParams& heads, const LinearParams& proj) override {
     if (!cuda::heads_linear_fits(heads, proj)) return Backend::heads_then_linear(heads, proj);

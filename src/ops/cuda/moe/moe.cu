@@ -21,6 +21,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/env.h"
 #include "ops/cuda/moe/moe_internal.cuh"
+#include "ops/cuda/quant/quant_ops.h"
 
 namespace kiln::ops::cuda {
 namespace {
@@ -218,6 +219,7 @@ int64_t moe_wgmma_min_tokens() {
 void moe(const MoeParams& p, Gemm& gemm, cudaStream_t s) {
   if (p.num_tokens == 0) return;
   KILN_REQUIRE(p.top_k > 0 && p.num_experts > 0, "moe: needs top_k >= 1 and at least one expert");
+  if (moe_quantized(p)) return quant_moe(p, gemm, s);  // quant/quant_moe.cu (bf16 copies come back here)
   KILN_REQUIRE(p.w_dtype == DType::BF16,
                std::string("moe on CUDA: expert weights must be bf16, got ") + dtype_name(p.w_dtype));
   KILN_REQUIRE(p.shared_inter == 0 || (p.w_shared_gate_up && p.w_shared_down), "moe: shared experts need both weights");
