@@ -34,7 +34,10 @@ struct GemvArgs {
 template <int M>
 __global__ void __launch_bounds__(kWarps * 32) quant_gemv_kernel(GemvArgs a) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5), h = blockIdx.y;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kWarps, r = r0 + (threadIdx.x >> 5), h = blockIdx.y;
+  if (threadIdx.x == 0 && a.q.vec)  // weights are constant: start the CTA's rows towards L2 before the wait
+    prefetch_l2(a.q.w + h * a.q.mat_bytes + r0 * a.q.row_bytes,
+                static_cast<uint32_t>(min(static_cast<int64_t>(kWarps), a.n - r0) * a.q.row_bytes));
   pdl_wait();  // activations (x, add) only from here on
   pdl_trigger();
   if (r >= a.n) return;
