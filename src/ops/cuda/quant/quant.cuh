@@ -106,41 +106,56 @@ __device__ __forceinline__ void rows_dot_fmt(const QView& q, int64_t mat, const 
     srow[i] = q.scale ? r[i] / q.block_n * q.grid_k + mat * q.scale_mat : 0;
   }
   if (q.vec && xvec) {
-    constexpr int C = kChunkCols<F>, U = R == 1 ? 4 : 2;  // 16-byte loads in flight a lane: 4
+    constexpr int C = kChunkCols<F>, U = R == 1 ? 4 : 2;  // 16-byte loads a lane per stage: 4
     const int64_t chunks = q.k / C;
-    for (int64_t base = lane; base < chunks; base += U * 32) {
-      uint4 v[U][R];
+    // Two stages: the next U chunks' loads are issued before the current ones are decoded, so a warp
+    // keeps bytes in flight while it computes (FP8 and INT4 carry 2-4x bf16's values a byte).
+    auto load = [&](uint4(&v)[U][R], int64_t base) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int i = 0; i < R; ++i)
           if (base + u * 32 < chunks) v[u][i] = __ldcs(reinterpret_cast<const uint4*>(row[i]) + base + u * 32);
+    };
+    // x is loaded once per 8 columns for all R rows.
+    auto compute = [&](const uint4(&v)[U][R], int64_t base) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t ch = base + u * 32;
         if (ch >= chunks) break;
         const int64_t c0 = ch * C;
+        float part[R][M] = {};
+#pragma unroll
+        for (int sub = 0; sub < C / 8; ++sub) {
+          float f[R][8];
+#pragma unroll
+          for (int i = 0; i < R; ++i) decode8<F>(v[u][i], sub, f[i]);
+#pragma unroll
+          for (int t = 0; t < M; ++t) {
+            if (t >= rows) break;
+            const float4* xp = reinterpret_cast<const float4*>(x + t * xs + c0 + 8 * sub);
+            const float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+            for (int i = 0; i < R; ++i)
+              part[i][t] += f[i][0] * a.x + f[i][1] * a.y + f[i][2] * a.z + f[i][3] * a.w + f[i][4] * b.x +
+                            f[i][5] * b.y + f[i][6] * b.z + f[i][7] * b.w;
+          }
+        }
 #pragma unroll
         for (int i = 0; i < R; ++i) {
-          float part[M] = {};
-#pragma unroll
-          for (int sub = 0; sub < C / 8; ++sub) {
-            float f[8];
-            decode8<F>(v[u][i], sub, f);
-#pragma unroll
-            for (int t = 0; t < M; ++t) {
-              if (t >= rows) break;
-              const float4* xp = reinterpret_cast<const float4*>(x + t * xs + c0 + 8 * sub);
-              const float4 a = __ldg(xp), b = __ldg(xp + 1);
-              part[t] +=
-                  f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
-            }
-          }
           const float s = scale_at(q, srow[i], c0);
 #pragma unroll
-          for (int t = 0; t < M; ++t) acc[i][t] += s * part[t];
+          for (int t = 0; t < M; ++t) acc[i][t] += s * part[i][t];
         }
       }
+    };
+    uint4 va[U][R], vb[U][R];
+    load(va, lane);
+    for (int64_t base = lane; base < chunks; base += 2 * U * 32) {
+      load(vb, base + U * 32);
+      compute(va, base);
+      load(va, base + 2 * U * 32);
+      compute(vb, base + U * 32);
     }
   } else {
     for (int64_t c = lane; c < q.k; c += 32)
