@@ -254,9 +254,10 @@ TEST(ShardedWeights, EachRankHoldsExactlyItsShards) {
         int64_t got = mw.embed.t.numel() - pad + mw.final_norm.t.numel();
         if (!c.tie_word_embeddings) got += mw.lm_head.t.numel() - pad;
         for (const LayerWeights& l : mw.layers)
-          for (const OwnedTensor* t : {&l.input_norm, &l.post_attn_norm, &l.qkv_a, &l.q_a_norm, &l.q_b, &l.kv_a_norm,
-                                       &l.kv_b, &l.o_proj, &l.mlp_gate_up, &l.mlp_down, &l.shared_gate_up,
-                                       &l.shared_down, &l.router, &l.router_bias, &l.experts_gate_up, &l.experts_down})
+          for (const OwnedTensor* t : std::initializer_list<const OwnedTensor*>{
+                   &l.input_norm, &l.post_attn_norm, &l.qkv_a, &l.q_a_norm, &l.q_b, &l.kv_a_norm, &l.kv_b, &l.o_proj,
+                   &l.mlp_gate_up, &l.mlp_down, &l.shared_gate_up, &l.shared_down, &l.router, &l.router_bias,
+                   &l.experts_gate_up, &l.experts_down})
             if (t->mem) got += t->t.numel();
         EXPECT_EQ(got, want) << dir << " " << split.name << " rank " << r;
       }
