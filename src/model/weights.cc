@@ -224,17 +224,6 @@ class Loader {
   Progress progress_{"", 0};
 };
 
-// Transposes W_uk per head out of kv_b's f32 values: [heads, kv_lora, nope].
-std::vector<float> w_uk_transpose(const ModelConfig& c, const std::vector<float>& kv_b) {
-  const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, r = c.kv_lora_rank;
-  std::vector<float> uk_t(static_cast<size_t>(nh * r * nope));
-  for (int64_t h = 0; h < nh; ++h)
-    for (int64_t i = 0; i < nope; ++i)
-      for (int64_t j = 0; j < r; ++j)
-        uk_t[static_cast<size_t>((h * r + j) * nope + i)] = kv_b[static_cast<size_t>((h * (nope + vd) + i) * r + j)];
-  return uk_t;
-}
-
 // A quantized kv_b whose scale rows do not start on every head's W_uk and W_uv gets one scale row
 // per weight row, so the absorbed form's per-head view of W_uv finds its scales.
 HostWeight head_aligned_kv_b(const ModelConfig& c, HostWeight kv_b) {
@@ -259,7 +248,8 @@ void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
   const std::string kvb = p + "self_attn.kv_b_proj.weight";
   HostWeight kv_b = head_aligned_kv_b(c, ld.weight(kvb));
   // W_uk^T comes from the values the expanded form multiplies by, so both forms compute one model.
-  w.w_uk_t = ld.upload(kvb + " (W_uk^T)", w_uk_transpose(c, dequantize(kv_b)), {nh, r, c.qk_nope_head_dim});
+  w.w_uk_t = ld.upload(kvb + " (W_uk^T)", w_uk_transpose(dequantize(kv_b), nh, c.qk_nope_head_dim, c.v_head_dim, r),
+                       {nh, r, c.qk_nope_head_dim});
   w.kv_b = ld.upload(kvb, kv_b);
   w.o_proj = ld.upload(p + "self_attn.o_proj.weight", ld.weight(p + "self_attn.o_proj.weight"));
   w.moe = c.is_moe_layer(l);
@@ -290,6 +280,15 @@ void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
 }
 
 }  // namespace
+
+std::vector<float> w_uk_transpose(const std::vector<float>& kv_b, int64_t heads, int64_t nope, int64_t v, int64_t r) {
+  std::vector<float> uk_t(static_cast<size_t>(heads * r * nope));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < nope; ++i)
+      for (int64_t j = 0; j < r; ++j)
+        uk_t[static_cast<size_t>((h * r + j) * nope + i)] = kv_b[static_cast<size_t>((h * (nope + v) + i) * r + j)];
+  return uk_t;
+}
 
 WeightQuant parse_weight_quant(const std::string& s, const std::string& flag) {
   if (s == "none" || s == "auto" || s == "bf16") return WeightQuant::None;

@@ -82,6 +82,10 @@ WeightQuant parse_weight_quant(const std::string& s, const std::string& flag);
 ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be,
                           WeightQuant quant = WeightQuant::None);
 
+// W_uk transposed per head out of kv_b's f32 values [heads * (nope + v), r]: [heads, r, nope], the
+// absorbed form's fold.
+std::vector<float> w_uk_transpose(const std::vector<float>& kv_b, int64_t heads, int64_t nope, int64_t v, int64_t r);
+
 // Random weights of the right shapes, filled on the backend itself (no host round trip for the
 // experts), for benchmarks of shapes we have no checkpoint for. Projections are uniform with unit
 // output variance, norms are 1, router biases 0; W_uk is the true transpose of kv_b's rows, so the

@@ -62,6 +62,15 @@ TEST_P(ShardedFixture, LogprobsMatchOneDevice) {
                     c.moe_intermediate_size % (split.world / split.ep) == 0 &&
                     (c.n_shared_experts * c.moe_intermediate_size) % split.world == 0 &&
                     c.intermediate_size % split.world == 0;
+  if (c.int4 && fits) {  // packed INT4 slices are not written yet: refused by name, not loaded wrong
+    try {
+      load_split(dir, split);
+      ADD_FAILURE() << "an INT4 checkpoint was split";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("INT4 checkpoints cannot be split"), std::string::npos) << e.what();
+    }
+    return;
+  }
   if (!fits) {  // e.g. 5 heads over 2 ranks: refused up front, naming the size at fault
     try {
       load_split(dir, split);
@@ -232,6 +241,7 @@ namespace {
 TEST(ShardedWeights, EachRankHoldsExactlyItsShards) {
   for (const auto& dir : fixture_dirs()) {
     const ModelConfig c = load_model_config(dir + "/config.json");
+    if (c.int4) continue;  // refused under a split (LogprobsMatchOneDevice checks the refusal)
     Checkpoint ckpt(dir);
     for (const Split& split : kSplits) {
       dist::ParallelConfig p;
