@@ -5,7 +5,8 @@ Runs on the GPU machine (PyTorch + transformers 5.x; the GPU is optional). For e
 random-weight config it writes, under OUT/<name>/:
   config.json        as a checkpoint would ship it (spelling chosen per fixture)
   model.safetensors  float32 weights in the published DeepSeek-V3 tensor names
-  expected.json      teacher-forced logprobs of ids, and a greedy continuation with top-2 margins
+  expected.json      teacher-forced logprobs of ids (with each token's routing margin), and a greedy
+                     continuation with top-2 margins
 Some fixtures are also written quantized (QUANTIZED below), each with expectations computed from
 its dequantised weights: FP8 e4m3 block-scaled as DeepSeek-V3 ships (`weight` + `weight_scale_inv`),
 and compressed-tensors pack-quantized INT4 routed experts as Kimi K2-Thinking ships (`weight_packed`,
@@ -260,25 +261,58 @@ def set_weights(model, cfg, state, deq, dev):
     assert worst == 0.0, f"dequantised weights did not reach the model ({worst})"
 
 
+def route_margin(gate, x, cfg):
+    """Per token, the gap between the top_k-th and the next expert's choice score (sigmoid + bias,
+    non-selected groups masked to 0 as transformers does), and between the topk_group-th and the
+    next group's score: how far the reference's routing is from a tie."""
+    logits = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(), gate.weight.float())
+    choice = (logits.sigmoid() + gate.e_score_correction_bias.float()).cpu()
+    T, E, G, k = choice.shape[0], choice.shape[1], cfg.n_group, cfg.num_experts_per_tok
+    margin = torch.full((T,), float("inf"))
+    if G > 1:
+        groups = choice.view(T, G, E // G).topk(2, dim=-1).values.sum(-1)
+        top = groups.topk(min(cfg.topk_group + 1, G), dim=-1)
+        if cfg.topk_group < G:
+            margin = top.values[:, cfg.topk_group - 1] - top.values[:, cfg.topk_group]
+        mask = torch.zeros(T, G, dtype=torch.bool).scatter_(1, top.indices[:, :cfg.topk_group], True)
+        choice = choice.masked_fill(~mask.repeat_interleave(E // G, dim=1), 0.0)
+    top = choice.topk(k + 1, dim=-1).values
+    return torch.minimum(margin, top[:, k - 1] - top[:, k])
+
+
 @torch.no_grad()
 def expectations(model, vocab, gen):
     ids = torch.randint(2, vocab, (PROMPT_LEN + CONT_LEN,), generator=gen)
+    # Routing margins of the teacher-forced pass, the smallest over MoE layers: the CUDA score test
+    # leaves out tokens whose routing is a near tie (tests/model/fixture_parity_test.cc).
+    cfg = model.config
+    margins = torch.full((len(ids),), float("inf"))
+    hooks = []
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "e_score_correction_bias"):
+            def hook(mod, args, _out, cfg=cfg):
+                margins.copy_(torch.minimum(margins, route_margin(mod, args[0], cfg)))
+            hooks.append(gate.register_forward_hook(hook))
     logits = model(ids[None].to(model.device)).logits[0].float().cpu()
+    for h in hooks:
+        h.remove()
     lp = torch.log_softmax(logits, dim=-1)
     teacher = [None] + [lp[i - 1, ids[i]].item() for i in range(1, len(ids))]
     seq = ids[:PROMPT_LEN].tolist()
     prompt = list(seq)
-    out, margins = [], []
+    out, greedy_margins = [], []
     for _ in range(GREEDY_STEPS):
         lg = model(torch.tensor([seq], device=model.device)).logits[0, -1].float().cpu()
         lps = torch.log_softmax(lg, dim=-1)
         top = torch.topk(lps, 2)
         tok = int(torch.argmax(lps))
         out.append(tok)
-        margins.append((top.values[0] - top.values[1]).item())
+        greedy_margins.append((top.values[0] - top.values[1]).item())
         seq.append(tok)
     return {"ids": ids.tolist(), "logprobs": teacher,
-            "greedy": {"prompt_ids": prompt, "output_ids": out, "top2_margins": margins}}
+            "greedy": {"prompt_ids": prompt, "output_ids": out, "top2_margins": greedy_margins},
+            "route_margins": [float(f"{m:.6g}") for m in margins.tolist()]}
 
 
 def write_fixture(out_dir, name, file_cfg, state, model, gen):

@@ -18,6 +18,16 @@ using json = nlohmann::json;
 
 class Fixture : public ::testing::TestWithParam<std::string> {};
 
+// A token whose reference routing is a near tie (expected.json's optional "route_margins": per
+// token, the smallest gap over MoE layers between the top_k-th and the next expert's choice score,
+// group-masked, as tools/make_fixtures.py writes it). The CUDA prefill's bf16 flash attention moves
+// router inputs by ~1e-3, enough to swap such a pair, and one swapped expert moves that token's
+// logprob by up to a few nats: like greedy's near-tie margins, either routing is right.
+constexpr double kRouteTie = 5e-3;
+bool route_near_tie(const json& e, size_t token) {
+  return e.contains("route_margins") && e["route_margins"][token].get<double>() < kRouteTie;
+}
+
 TEST_P(Fixture, ScoreMatchesTransformers) {
   json e = read_json(GetParam() + "/expected.json");
   auto ids = e["ids"].get<std::vector<int>>();
@@ -52,7 +62,8 @@ TEST_P(Fixture, GreedyMatchesTransformers) {
 }
 
 // The CUDA backend (bf16 weights, f32 activations) on the same fixtures: mean |Δ logprob| <= 0.02
-// and greedy continuations identical wherever the reference top-2 margin exceeds 0.1.
+// over the tokens whose reference routing is no near tie (route_near_tie) and greedy continuations
+// identical wherever the reference top-2 margin exceeds 0.1.
 TEST_P(Fixture, CudaScoreAndGreedyMatchTransformers) {
   if (!ops::cuda_available()) GTEST_SKIP() << "no CUDA GPU (or a build without CUDA)";
   json e = read_json(GetParam() + "/expected.json");
@@ -79,9 +90,14 @@ TEST_P(Fixture, CudaScoreAndGreedyMatchTransformers) {
     ASSERT_EQ(r.exit_code, 0) << r.out;
     json s = json::parse(r.out.substr(r.out.find('{')));
     double sum = 0;
-    for (size_t i = 1; i < ids.size(); ++i)
+    size_t counted = 0;
+    for (size_t i = 1; i < ids.size(); ++i) {
+      if (route_near_tie(e, i - 1)) continue;  // logprob i is token i - 1's output
       sum += std::fabs(s["logprobs"][i].get<double>() - e["logprobs"][i].get<double>());
-    const double mean = sum / static_cast<double>(ids.size() - 1);
+      ++counted;
+    }
+    ASSERT_GE(counted * 10, (ids.size() - 1) * 9) << GetParam() << ": too many near-tied routings to compare";
+    const double mean = sum / static_cast<double>(counted);
     RecordProperty("mean_abs_dlogprob_kv_" + kv, std::to_string(mean));
     std::printf("%s: mean |dlogprob| %.5f (KV cache %s, GEMM activations %s, experts %s)\n", GetParam().c_str(), mean,
                 run.kv.c_str(), run.act.c_str(), run.experts.c_str());
@@ -97,6 +113,18 @@ TEST_P(Fixture, CudaScoreAndGreedyMatchTransformers) {
   ASSERT_EQ(gr.exit_code, 0) << gr.out;
   auto got = json::parse(gr.out.substr(gr.out.find('{')))["output_ids"].get<std::vector<int>>();
   for (size_t i = 0; i < want.size() && margins[i] > 0.1; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
+}
+
+// The fixture data the CUDA score test relies on (no GPU needed): a routing margin per token where
+// given, and near ties few enough that the comparison keeps nine tokens in ten.
+TEST_P(Fixture, RouteMarginsCoverTheTokens) {
+  json e = read_json(GetParam() + "/expected.json");
+  if (!e.contains("route_margins")) GTEST_SKIP() << "written before make_fixtures.py recorded routing margins";
+  const size_t n = e["ids"].size();
+  ASSERT_EQ(e["route_margins"].size(), n);
+  size_t ties = 0;
+  for (size_t t = 0; t + 1 < n; ++t) ties += route_near_tie(e, t);
+  EXPECT_LE(ties * 10, n - 1) << GetParam();
 }
 
 // The CUDA decode path against transformers: the fixture's ids one token a call (a one-token
