@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/weight_shard.h"
+#include "model/host_weight.h"
 
 namespace kiln::dist {
 namespace {
@@ -57,18 +58,7 @@ class RankLoader {
   }
 
   OwnedTensor upload(const std::vector<float>& v, Shape shape, bool force_f32 = false) {
-    const DType dt = force_f32 ? DType::F32 : be_.weight_dtype();
-    OwnedTensor t = be_.alloc(dt, std::move(shape));
-    KILN_CHECK(static_cast<size_t>(t.t.numel()) == v.size(), "internal: a rank's slice has {} values for shape {}",
-               v.size(), shape_str(t.t.shape));
-    if (dt == DType::F32) {
-      be_.upload(t.t, v.data());
-    } else {
-      std::vector<uint16_t> h(v.size());
-      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-      be_.upload(t.t, h.data());
-    }
-    return t;
+    return upload_plain(be_, "a rank's slice", v, std::move(shape), force_f32 ? DType::F32 : be_.weight_dtype());
   }
   OwnedTensor get(const std::string& name, Shape shape, bool force_f32 = false) {
     return upload(host(name), std::move(shape), force_f32);
@@ -209,15 +199,7 @@ ModelWeights random_rank_weights(const ModelConfig& c, ops::Backend& be, const P
     return t;
   };
   auto to_backend = [&](const std::vector<float>& v, Shape shape) {
-    OwnedTensor t = be.alloc(wd, std::move(shape));
-    if (wd == DType::F32) {
-      be.upload(t.t, v.data());
-    } else {
-      std::vector<uint16_t> hb(v.size());
-      for (size_t i = 0; i < v.size(); ++i) hb[i] = f32_to_bf16(v[i]);
-      be.upload(t.t, hb.data());
-    }
-    return t;
+    return upload_plain(be, "a rank's random weights", v, std::move(shape), wd);
   };
   ModelWeights w;
   w.embed = matrix({per, H}, wd);
