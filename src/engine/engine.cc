@@ -65,13 +65,17 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
 }
 
 Engine::~Engine() {
+  stop();
+  model_.disable_decode_graphs(&pool_);  // graphs captured on this engine's pool die with it
+}
+
+void Engine::stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
-  model_.disable_decode_graphs(&pool_);  // graphs captured on this engine's pool die with it
+  if (thread_.joinable()) thread_.join();
 }
 
 RequestStream Engine::submit(Request req) {

@@ -91,9 +91,12 @@ class Engine {
  public:
   // Sizes and allocates the KV pool (logged in tokens) and starts the loop thread.
   Engine(DeepseekV3Model& model, EngineConfig cfg = {});
-  ~Engine();  // aborts what is still running and joins the loop
+  ~Engine();  // stop()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+  // Aborts what is still running (their streams get their final chunks, here) and joins the loop;
+  // submit() refuses from then on. Idempotent.
+  void stop();
 
   // Validates the request (throws kiln::Error naming the bad field) and queues it.
   RequestStream submit(Request req);

@@ -73,8 +73,11 @@ Server::Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<to
   http_ = std::make_unique<http::HttpServer>(limits, *this, io_threads(cfg_.threads));
 }
 
-// The front end goes first: its connections hold jobs, whose end counts on this server's members.
+// The engine stops first: its last pushes call wakers that hold connections, and a connection
+// that outlived the front end would end its job on a dead server.
+// Then the front end: its connections hold jobs, whose end counts on this server's members.
 Server::~Server() {
+  engine_.stop();
   http_.reset();
 }
 

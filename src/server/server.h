@@ -52,7 +52,7 @@ class Server : public http::Handler {
  public:
   Server(Engine& engine, const tok::Tokenizer& tokenizer, std::optional<tok::ChatTemplate> chat_template,
          ServerConfig cfg);
-  ~Server() override;
+  ~Server() override;  // stops the engine (Engine::stop) before closing the connections
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
