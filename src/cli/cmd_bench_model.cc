@@ -125,15 +125,13 @@ int run_bench_model(const BenchModelArgs& a) {
     source = a.config.empty() ? (std::filesystem::path(a.model) / "config.json").string() : a.config;
     spdlog::info("random weights for {} (seed {}, {})", source, a.seed, a.weight_dtype);
     loaded = random_model(load_model_config(source), a.device, a.seed, a.parallel, quant);
+    apply_precision(a.precision, *loaded.backend, *loaded.model);
   } else {
     source = a.model;
-    Precision as_shipped;
-    as_shipped.quantization = a.precision.quantization;
-    loaded = load_model(a.model, a.device, as_shipped, "auto", a.parallel);
+    loaded = load_model(a.model, a.device, a.precision, "auto", a.parallel);  // applies the precision
   }
   std::unique_ptr<ops::Backend> backend = std::move(loaded.backend);  // declared first: outlives the model
   std::unique_ptr<DeepseekV3Model> model = std::move(loaded.model);
-  apply_precision(a.precision, *backend, *model);
   const ModelConfig& c = model->config();
 
   EngineConfig cfg;
