@@ -53,7 +53,7 @@ class FakeEngine {
   }
   kiln::RequestStream submit(int64_t max_tokens) {
     auto s = std::make_shared<kiln::StreamState>(++ids_);
-    if (step_ms_ <= 0) {
+    if (step_ms_ <= 0 || max_tokens <= 0) {  // nothing to wait for: everything now
       kiln::OutputChunk c;
       for (int64_t i = 0; i < max_tokens; ++i) c.token_ids.push_back(static_cast<int32_t>(i));
       finish(c, max_tokens);
