@@ -49,8 +49,15 @@ CONFIG = {
     "qk_rope_head_dim": 16,
     "qk_nope_head_dim": 32,
     "v_head_dim": 32,
-    "first_k_dense_replace": 2,  # every draft layer is dense
-    "n_routed_experts": 0,
+    "first_k_dense_replace": 2,  # every draft layer is dense (DeepSpec's draft layers have an MLP)
+    # kiln-tiny's MoE fields, unused here, keep this a well-formed config of the family (the
+    # parallel-layout tests read every config.json under tests/data/fixtures).
+    "moe_intermediate_size": 64,
+    "n_shared_experts": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
     "max_position_embeddings": 2048,
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
