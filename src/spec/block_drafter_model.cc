@@ -295,8 +295,8 @@ BlockDraft BlockDrafterModel::score(BlockDrafterContext& ctx, std::span<const in
 
 std::vector<float> BlockDrafterModel::confidence(const float* h, const float* e) {
   const int64_t B = c_.block_size, H = c_.hidden(), R = c_.confidence_head_with_markov ? c_.markov_rank : 0;
-  const int64_t in = H + R + 1;  // [h ; W1[prev] ; 1]
-  OwnedTensor feats = scratch(B, in), z = scratch(B, 1);
+  const int64_t in = H + R + 1;                           // [h ; W1[prev] ; 1]
+  OwnedTensor feats = scratch(B, in), z = scratch(B, 1);  // [B, in], [B, 1]
   be_.copy({h, H, feats.f32(), in, B, H});
   if (R > 0) be_.copy({e, R, feats.f32() + H, in, B, R});
   be_.copy({ones_.f32(), 1, feats.f32() + H + R, in, B, 1, B});

@@ -51,6 +51,18 @@ json small_config(bool q_lora = true) {
           {"confidence_head_with_markov", true}};
 }
 
+std::vector<fs::path>& written_dirs() {
+  static std::vector<fs::path> dirs;
+  return dirs;
+}
+
+struct RemoveDrafts : ::testing::Environment {
+  void TearDown() override {
+    for (const fs::path& d : written_dirs()) fs::remove_all(d);
+  }
+};
+const auto* const kRemoveDrafts = ::testing::AddGlobalTestEnvironment(new RemoveDrafts);
+
 // Every tensor of a draft with config j, random, by name (f32 values).
 std::map<std::string, std::vector<float>> random_tensors(const json& j, std::map<std::string, Shape>& shapes) {
   const int64_t V = j["vocab_size"], H = j["hidden_size"], I = j["intermediate_size"], nh = j["num_attention_heads"],
@@ -103,10 +115,12 @@ std::map<std::string, std::vector<float>> random_tensors(const json& j, std::map
 // Writes config j and random weights (less `drop`, plus `extra`) to a fresh directory.
 std::string write_draft(const std::string& name, const json& j, const std::string& drop = "",
                         const std::string& extra = "") {
+  // Removed when the test program ends (RemoveDrafts below).
   static int serial = 0;
   const fs::path dir = fs::temp_directory_path() /
                        ("kiln_block_drafter_" + name + "_" + std::to_string(getpid()) + "_" + std::to_string(serial++));
   fs::create_directories(dir);
+  written_dirs().push_back(dir);
   std::ofstream(dir / "config.json") << j.dump(2);
   std::map<std::string, Shape> shapes;
   std::map<std::string, test::RawTensor> raw;
