@@ -324,7 +324,7 @@ TEST(BlockDrafter, LoadingErrorsNameTheTensorOrField) {
   expect_load_error(dir, "tensor \"fc.weight\" has shape [32, 64] but the config expects [32, 96]");
 }
 
-// ---- parity with tools/dspark/reference.py ----
+// ---- parity with the reference implementation's fixture (tests/data/fixtures/dspark_tiny/README.md) ----
 
 std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
   const SafetensorsEntry& e = f.entries().at(name);
@@ -340,12 +340,13 @@ std::vector<int32_t> read_i32(const SafetensorsFile& f, const std::string& name)
   return v;
 }
 
-TEST(BlockDrafterParity, MatchesThePyTorchReference) {
+TEST(BlockDrafterParity, MatchesTheReferenceFixture) {
   const std::string dir = test::data_path("fixtures/dspark_tiny");
   if (!fs::exists(dir + "/io.json"))
     GTEST_SKIP()
         << "no fixture at " << dir
-        << "; write it with (torch, CPU, ~1 s): python3 tools/dspark/reference.py tests/data/fixtures/dspark_tiny";
+        << "; write it with python3 tools/dspark/reference.py (torch) or tools/dspark/crosscheck_nodeps.py (stdlib) "
+           "tests/data/fixtures/dspark_tiny";
   const json io = test::read_json(dir + "/io.json");
   auto be = ops::make_cpu_backend();
   auto m = BlockDrafterModel::load(dir, *be);

@@ -3,13 +3,11 @@
 the C++ forward where torch is not installed. It writes a fixture in reference.py's format at a
 small shape, computed with plain Python lists (the expanded MLA form, explicit loops):
 
-    python3 tools/dspark/crosscheck_nodeps.py /tmp/dspark_check [--no-q-lora] [--neox]
-    cp -r /tmp/dspark_check tests/data/fixtures/dspark_tiny    # temporarily; do not commit it
+    python3 tools/dspark/crosscheck_nodeps.py tests/data/fixtures/dspark_tiny [--no-q-lora] [--neox]
     build/tests/spec/spec_block_drafter_test --gtest_filter='*Parity*'
-    rm -r tests/data/fixtures/dspark_tiny
 
-The committed parity fixture comes from tools/dspark/reference.py (PyTorch); this one is a
-cross-check of the same architecture by independent code, not a substitute for it.
+The committed fixture (default flags) is this script's until tools/dspark/reference.py (PyTorch)
+has run on a machine with torch; the two are independent implementations of the same architecture.
 """
 
 import json
