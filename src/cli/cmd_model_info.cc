@@ -51,6 +51,7 @@ int run_model_info(const ModelInfoArgs& a) {
                         {"routed_expert_params", p.routed_expert},
                         {"embedding_params", p.embedding},
                         {"kv_bytes_per_token", kv},
+                        {"kv_bytes_per_token_fp8", kv_bytes_per_token(c, 1)},  // --kv-cache-dtype fp8_e4m3
                         {"kv_values_per_token_per_layer", c.kv_row_dim()},
                         {"dense_layers", dense_layers},
                         {"moe_layers", c.num_hidden_layers - dense_layers},
@@ -77,6 +78,8 @@ int run_model_info(const ModelInfoArgs& a) {
               static_cast<long long>(kv), static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(c.kv_row_dim()), static_cast<long long>(c.kv_lora_rank),
               static_cast<long long>(c.qk_rope_head_dim));
+  std::printf("                  %lld bytes with --kv-cache-dtype fp8_e4m3 (e4m3 c_kv + a scale per 128, bf16 k_pe)\n",
+              static_cast<long long>(kv_bytes_per_token(c, 1)));
   std::printf("attention         %lld heads, q_lora %s, qk %lld+%lld, v %lld, softmax scale %.6g\n",
               static_cast<long long>(c.num_attention_heads),
               c.q_lora_rank ? std::to_string(c.q_lora_rank).c_str() : "none",

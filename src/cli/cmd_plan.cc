@@ -124,7 +124,8 @@ KILN_COMMAND(
       sub.add_option("--weights", a->weights,
                      "weight format: bf16, fp8, int4 (routed experts), mxfp4 (routed experts); "
                      "default: the checkpoint's");
-      sub.add_option("--kv", a->kv, "KV cache dtype: bf16, fp8")->capture_default_str();
+      sub.add_option("--kv", a->kv, "KV cache dtype: bf16, fp8 (fp8_e4m3: the FP8 rows kiln serves, scales included)")
+          ->capture_default_str();
       sub.add_option("--context", a->context, "tokens one sequence may hold (default input + output length)");
       sub.add_option("--kv-pool", a->kv_pool, "KV tokens the deployment must hold (default context x concurrency)");
       sub.add_option("--tp", a->tp, "attention tensor-parallel size (default GPUs / attn-dp)");

@@ -87,7 +87,10 @@ std::unique_ptr<ops::Backend> make_backend(const std::string& device) {
 }
 
 void add_precision_options(CLI::App& sub, Precision& p) {
-  sub.add_option("--kv-cache-dtype", p.kv_dtype, "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32")
+  sub.add_option("--kv-cache-dtype", p.kv_dtype,
+                 "latent KV cache: auto (bf16 on CUDA, f32 on the CPU), bf16, f32 or fp8_e4m3 (alias fp8: c_kv in "
+                 "e4m3 with a scale per 128 values, k_pe in bf16, 656 B a token a layer at DeepSeek-V3's widths; "
+                 "CPU only for now, docs/architecture.md)")
       ->capture_default_str();
   sub.add_option("--activation-dtype", p.activation_dtype,
                  "activations of the tensor-core GEMMs (prefill-sized layers and experts), CUDA: auto (bf16), "
@@ -106,9 +109,16 @@ void add_precision_options(CLI::App& sub, Precision& p) {
       ->capture_default_str();
 }
 
+std::optional<DType> parse_kv_cache_dtype(const std::string& s) {
+  if (s == "auto") return std::nullopt;
+  if (s == "bf16") return DType::BF16;
+  if (s == "f32") return DType::F32;
+  if (s == "fp8_e4m3" || s == "fp8") return DType::F8E4M3;  // vLLM's spellings
+  fail("--kv-cache-dtype must be auto, bf16, f32 or fp8_e4m3 (fp8), got \"{}\"", s);
+}
+
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model) {
-  KILN_CHECK(p.kv_dtype == "auto" || p.kv_dtype == "bf16" || p.kv_dtype == "f32",
-             "--kv-cache-dtype must be auto, bf16 or f32, got \"{}\"", p.kv_dtype);
+  const std::optional<DType> kv = parse_kv_cache_dtype(p.kv_dtype);
   KILN_CHECK(p.activation_dtype == "auto" || p.activation_dtype == "f32" || p.activation_dtype == "bf16",
              "--activation-dtype must be auto, f32 or bf16, got \"{}\"", p.activation_dtype);
   KILN_CHECK(p.activation_dtype != "bf16" || backend.device() == Device::CUDA,
@@ -118,7 +128,7 @@ void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model&
       "--expert-activation-dtype must be auto, f32 or bf16, got \"{}\"", p.expert_activation_dtype);
   KILN_CHECK(p.expert_activation_dtype != "bf16" || backend.device() == Device::CUDA,
              "--expert-activation-dtype bf16 needs --device cuda (the CPU reference keeps f32 activations)");
-  if (p.kv_dtype != "auto") model.set_kv_dtype(p.kv_dtype == "bf16" ? DType::BF16 : DType::F32);
+  if (kv) model.set_kv_dtype(*kv);  // refuses fp8_e4m3 on CUDA (no kernels read it yet)
   // auto: bf16 on CUDA as vLLM and SGLang run (the logprob cost is in docs/results.md); the CPU
   // reference keeps f32.
   const bool bf16 = p.activation_dtype == "bf16" || (p.activation_dtype == "auto" && backend.device() == Device::CUDA);
@@ -192,6 +202,11 @@ LoadedModel load_model(const std::string& dir, const std::string& device, const 
   KILN_CHECK(load_format == "auto" || load_format == "dummy", "--load-format must be auto or dummy, got \"{}\"",
              load_format);
   const WeightQuant quant = parse_quantization(precision.quantization);
+  // Before any weights load (set_kv_dtype refuses it again later, for every other caller).
+  KILN_CHECK(parse_kv_cache_dtype(precision.kv_dtype) != DType::F8E4M3 || device == "cpu" ||
+                 (device == "auto" && !ops::cuda_available()),
+             "--kv-cache-dtype fp8_e4m3: the CUDA kernels for the FP8 latent KV cache are not built yet (the CPU "
+             "backend runs it: --device cpu); use --kv-cache-dtype bf16 or f32 on the GPU");
   LoadedModel m;
   if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
     // The ranks' slices are read plain (an FP8 checkpoint's slices dequantized at load).

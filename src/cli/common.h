@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,12 +33,14 @@ struct LoadedModel {
 };
 // Number formats a run chooses (the same flags on generate, score, serve and bench model).
 struct Precision {
-  std::string kv_dtype = "auto";          // latent KV cache: auto (the backend's), bf16 or f32
+  std::string kv_dtype = "auto";          // latent KV cache: auto (the backend's), bf16, f32 or fp8_e4m3 (fp8)
   std::string activation_dtype = "auto";  // tensor-core GEMM activations: auto (bf16 on CUDA), f32 (hi/lo split), bf16
   std::string expert_activation_dtype = "auto";  // the MoE experts' alone: auto (as above), f32 or bf16
   std::string quantization = "none";             // none (as the checkpoint ships) or fp8 (block-quantized at load)
 };
 void add_precision_options(CLI::App& sub, Precision& p);
+// --kv-cache-dtype's value: none for auto (the backend's choice); throws on an unknown one.
+std::optional<DType> parse_kv_cache_dtype(const std::string& s);
 // Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
 

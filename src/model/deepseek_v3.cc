@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/kv_fp8.h"
 #include "core/log.h"
 #include "dist/communicator.h"
 #include "model/rank_group.h"
@@ -39,7 +40,14 @@ std::unique_ptr<DeepseekV3Model> DeepseekV3Model::load(const std::string& dir, o
 }
 
 void DeepseekV3Model::set_kv_dtype(DType t) {
-  KILN_CHECK(t == DType::F32 || t == DType::BF16, "the KV cache must be f32 or bf16, not {}", dtype_name(t));
+  KILN_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F8E4M3,
+             "the KV cache must be f32, bf16 or fp8_e4m3, not {}", dtype_name(t));
+  // Only the CPU reference reads the FP8 rows so far. Refuse rather than fall back to another
+  // cache type or run kernels no GPU has checked against the reference.
+  KILN_CHECK(t != DType::F8E4M3 || be_.device() == Device::CPU,
+             "--kv-cache-dtype fp8_e4m3: the {} kernels for the FP8 latent KV cache are not built yet (the CPU "
+             "backend runs it); use --kv-cache-dtype bf16 or f32 here",
+             be_.name());
   kv_dtype_ = t;
   if (group_)
     for (auto& peer : group_->peers) peer->set_kv_dtype(t);
@@ -52,10 +60,14 @@ LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) c
   p.num_blocks = num_blocks;
   p.block_size = block_size;
   p.row_dim = c_.kv_row_dim();
+  p.kv_lora = c_.kv_lora_rank;
   p.dtype = kv_dtype_;
   const int64_t spare = shard_.dcp > 1 ? 1 : 0;  // DCP: the row other ranks' tokens are written to
+  const int64_t rows = num_blocks * block_size + spare;
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l)
-    p.layers.push_back(be_.alloc(p.dtype, {num_blocks * block_size + spare, p.row_dim}));
+    p.layers.push_back(p.dtype == DType::F8E4M3
+                           ? be_.alloc(DType::U8, {rows, kv_fp8_layout(p.kv_lora, p.row_dim - p.kv_lora).row_bytes})
+                           : be_.alloc(p.dtype, {rows, p.row_dim}));
   if (group_) {
     p.peers = std::make_shared<std::vector<LatentKvPool>>();
     for (auto& peer : group_->peers) p.peers->push_back(peer->new_pool(num_blocks, block_size));

@@ -53,7 +53,9 @@ class DeepseekV3Model {
   // A pool of `num_blocks` blocks of `block_size` tokens on this model's backend.
   LatentKvPool new_pool(int64_t num_blocks, int64_t block_size) const;
   // The latent cache's storage type for pools made from now on (default: the backend's choice,
-  // bf16 on CUDA; f32 keeps the reference's precision at twice the bytes).
+  // bf16 on CUDA; f32 keeps the reference's precision at twice the bytes; F8E4M3 stores the FP8
+  // rows of core/kv_fp8.h, 656 bytes a token a layer at DeepSeek-V3's widths, and throws on
+  // backends whose kernels cannot read them yet: CUDA).
   void set_kv_dtype(DType t);
   DType kv_dtype() const { return kv_dtype_; }
   SequenceCache new_cache(int64_t capacity, int64_t block_size = 64) const;

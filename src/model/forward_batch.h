@@ -35,9 +35,12 @@ struct ForwardBatch {
 };
 
 struct LatentKvPool {
-  std::vector<ops::OwnedTensor> layers;  // per layer [num_blocks * block_size, kv_lora + rope] of dtype
-  int64_t num_blocks = 0, block_size = 0, row_dim = 0;
-  DType dtype = DType::F32;  // the backend's kv_dtype()
+  // Per layer [num_blocks * block_size, kv_lora + rope] of dtype; F8E4M3: U8 [slots, row_bytes],
+  // rows in the FP8 layout of core/kv_fp8.h (scales inside the row, so a block's bytes are its own).
+  std::vector<ops::OwnedTensor> layers;
+  int64_t num_blocks = 0, block_size = 0, row_dim = 0;  // row_dim: values (kv_lora + rope), whatever the dtype
+  int64_t kv_lora = 0;
+  DType dtype = DType::F32;  // the backend's kv_dtype(), or what set_kv_dtype chose
   // A split model's pool is rank 0's; ranks 1..N-1 keep their own copies of the latent rows (the
   // latent KV is replicated over TP ranks), one pool each, on their own devices.
   std::shared_ptr<std::vector<LatentKvPool>> peers;

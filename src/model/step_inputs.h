@@ -39,7 +39,8 @@ struct DeepseekV3Model::StepInputs {
             block_tables.t.as<int32_t>() + first_seq * stride,
             (own_rows ? dcp_kv_lens : kv_lens).t.as<int32_t>() + first_seq,
             pool.block_size,
-            stride};
+            stride,
+            pool.kv_lora};
   }
 };
 

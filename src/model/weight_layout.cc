@@ -1,5 +1,7 @@
 #include "model/weight_layout.h"
 
+#include "core/kv_fp8.h"
+
 #include <fmt/format.h>
 
 namespace kiln {
@@ -110,6 +112,8 @@ ParamCounts count_params(const ModelConfig& c) {
 }
 
 int64_t kv_bytes_per_token(const ModelConfig& c, int64_t bytes_per_value) {
+  if (bytes_per_value == 1)  // the FP8 row: e4m3 c_kv, its scales and bf16 k_pe (core/kv_fp8.h)
+    return c.num_hidden_layers * kv_fp8_layout(c.kv_lora_rank, c.qk_rope_head_dim).row_bytes;
   return c.num_hidden_layers * c.kv_row_dim() * bytes_per_value;
 }
 

@@ -51,7 +51,8 @@ struct ParamCounts {
 };
 ParamCounts count_params(const ModelConfig& c);
 
-// Bytes of latent KV cache per token across all main layers at `bytes_per_value`.
+// Bytes of latent KV cache per token across all main layers at `bytes_per_value`; 1 means the FP8
+// cache (core/kv_fp8.h: e4m3 c_kv, its f32 scales and bf16 k_pe: 656 B a layer at kv_lora 512).
 int64_t kv_bytes_per_token(const ModelConfig& c, int64_t bytes_per_value = 2);
 
 }  // namespace kiln

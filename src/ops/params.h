@@ -182,14 +182,17 @@ struct MlaExpandedParams {
 
 // The paged latent KV cache of one layer as attention reads it: row j of sequence b lives in
 // slot block_table[b][j / block_size] * block_size + j % block_size of the pool. The pool holds
-// Backend::kv_dtype() values (F32 on the CPU, BF16 on CUDA). A sequence with kv_len 0 (a padding
-// row of a captured batch) reads nothing: its block-table row need not be valid.
+// Backend::kv_dtype() values (F32 on the CPU, BF16 on CUDA) or, with pool_dtype F8E4M3, rows in
+// the FP8 layout of core/kv_fp8.h (c_kv as e4m3 with one f32 scale per 128 values, k_pe in bf16;
+// the CPU reference only). A sequence with kv_len 0 (a padding row of a captured batch) reads
+// nothing: its block-table row need not be valid.
 struct PagedKv {
-  const void* pool;            // [num_slots, kv_lora + rope] of pool_dtype
-  DType pool_dtype;            // F32 or BF16
+  const void* pool;            // [num_slots, kv_lora + rope] of pool_dtype (F8E4M3: [num_slots, row_bytes] bytes)
+  DType pool_dtype;            // F32, BF16 or F8E4M3
   const int32_t* block_table;  // [num_seqs, max_blocks]
   const int32_t* kv_lens;      // [num_seqs]: context length including this step's tokens
   int64_t block_size, max_blocks;
+  int64_t kv_lora = 0;  // F8E4M3 pools: the quantized c_kv width (the row's rest is k_pe); else unused
 };
 
 // Absorbed MLA (decode form): one shared 576-wide KV head, q folded through W_uk. Reads the paged
@@ -220,17 +223,20 @@ struct AttentionMergeParams {
   int64_t num_parts, rows, dim;
 };
 
-// Writes new latent rows into their pool slots; a BF16 pool stores them rounded to nearest even.
+// Writes new latent rows into their pool slots; a BF16 pool stores them rounded to nearest even,
+// an F8E4M3 pool quantizes them (core/kv_fp8.h).
 struct KvScatterParams {
   const float* rows;     // [num_tokens, row_dim]
   const int32_t* slots;  // [num_tokens]
-  void* pool;            // [num_slots, row_dim] of pool_dtype
-  DType pool_dtype;      // F32 or BF16
+  void* pool;            // [num_slots, row_dim] of pool_dtype (F8E4M3: [num_slots, row_bytes] bytes)
+  DType pool_dtype;      // F32, BF16 or F8E4M3
   int64_t num_tokens, row_dim;
+  int64_t kv_lora = 0;  // F8E4M3 pools: the quantized c_kv width (PagedKv::kv_lora)
 };
 
 // Copies every sequence's context rows out of the pool into one contiguous f32 array (the expanded
-// form's input; BF16 pools widen exactly): sequence b's rows land at [cu_kv[b], cu_kv[b+1]).
+// form's input; BF16 pools widen exactly, F8E4M3 pools dequantize as every read does): sequence b's rows land at
+// [cu_kv[b], cu_kv[b+1]).
 struct KvGatherParams {
   PagedKv kv;
   const int32_t* cu_kv;  // [num_seqs + 1]
@@ -269,8 +275,8 @@ struct MlaPrepareParams {
   float attention_factor;    // YaRN's multiplier on cos and sin
   bool interleaved;          // pairs (2i, 2i+1), else NeoX halves (RopeParams)
   const int32_t* slots;      // [num_tokens]: pool row of each token
-  void* pool;                // [num_slots, kv_lora + rope] of pool_dtype
-  DType pool_dtype;          // F32 or BF16
+  void* pool;                // [num_slots, kv_lora + rope] of pool_dtype (F8E4M3: the kv_fp8.h rows)
+  DType pool_dtype;          // F32, BF16 or F8E4M3 (the CPU reference only)
   int64_t num_tokens, kv_lora, rope_dim;
   // The optional W_uk fold (absent while w_uk is null).
   const float* q_nope = nullptr;   // [num_tokens, num_heads, nope_dim] at q_nope + t*q_in_stride + h*q_in_head_stride

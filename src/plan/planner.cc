@@ -101,7 +101,8 @@ StepCost step_cost(const ModelConfig& c, const GpuSpec& g, const Layout& l, cons
       decode ? std::ceil(tokens / static_cast<double>(l.attn_dp)) : tokens / static_cast<double>(l.attn_dp);
   const double layers = static_cast<double>(c.num_hidden_layers);
   const double heads_per_rank = static_cast<double>(c.num_attention_heads / l.tp);
-  const double kv_row_bytes = static_cast<double>(c.kv_row_dim() * o.kv_bytes_per_value);
+  const double kv_row_bytes =  // one layer's row (fp8: the scaled e4m3 c_kv and bf16 k_pe of core/kv_fp8.h)
+      static_cast<double>(kv_bytes_per_token(c, o.kv_bytes_per_value)) / static_cast<double>(c.num_hidden_layers);
   const double dcp = static_cast<double>(l.dcp);
   const double k = static_cast<double>(c.num_experts_per_tok);
 

@@ -75,7 +75,7 @@ int64_t parse_kv_dtype(const std::string& s) {
   std::string l = s;
   std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (l == "bf16") return 2;
-  if (l == "fp8" || l == "fp8-e4m3") return 1;
+  if (l == "fp8" || l == "fp8-e4m3" || l == "fp8_e4m3") return 1;  // the serving flag's spellings too
   fail("--kv {}: unknown KV cache dtype (bf16, fp8)", s);
 }
 
@@ -158,9 +158,14 @@ std::string format_plan(const Plan& p, const GpuSpec& gpu) {
                    gb(p.usable_bytes_per_gpu), gb(p.w.bytes_per_gpu), gb(p.w.replicated_bytes_per_gpu),
                    gb(p.reserve_bytes_per_gpu), gb(p.kv_pool_bytes_per_gpu));
   o << fmt::format(
-      "KV        {} B/token ({} layers x {} values x {} B); one GPU holds {:.0f} B of each ({}); capacity "
+      "KV        {} B/token ({} layers x {}); one GPU holds {:.0f} B of each ({}); capacity "
       "{} tokens = {} sequences of {}\n",
-      grouped(p.kv_bytes_per_token), p.layers, p.kv_row_values, p.kv_bytes_per_value, p.kv_bytes_per_token_per_gpu,
+      grouped(p.kv_bytes_per_token), p.layers,
+      p.kv_bytes_per_value == 1  // the FP8 row's scales and bf16 k_pe are part of its bytes
+          ? fmt::format("{} B rows: {} values, c_kv e4m3 + scale per 128, k_pe bf16", p.kv_bytes_per_token / p.layers,
+                        p.kv_row_values)
+          : fmt::format("{} values x {} B", p.kv_row_values, p.kv_bytes_per_value),
+      p.kv_bytes_per_token_per_gpu,
       l.dcp > 1 ? fmt::format("split over DCP{}", l.dcp) : fmt::format("replicated on all {} TP ranks", l.tp),
       grouped(p.kv_capacity_tokens), grouped(p.max_sequences), grouped(p.workload.context));
   o << fmt::format("fit       weights + reserve + {} KV tokens ({} per GPU): {}, {} {}\n",

@@ -214,7 +214,9 @@ TEST_F(BadCheckpoint, BadPrecisionFlags) {
   write();
   const std::string base = "score --model " + dir_ + " --ids 1,2,3 ";
   expect_error(run_kiln(base + "--activation-dtype fp16"), {"--activation-dtype", "\"fp16\""});
-  expect_error(run_kiln(base + "--kv-cache-dtype fp8"), {"--kv-cache-dtype", "\"fp8\""});
+  expect_error(run_kiln(base + "--kv-cache-dtype fp4"), {"--kv-cache-dtype", "\"fp4\""});
+  // The FP8 cache has no CUDA kernels yet: refused before any weight loads, never a silent fallback.
+  expect_error(run_kiln(base + "--device cuda --kv-cache-dtype fp8"), {"fp8_e4m3", "not built yet"});
   // bf16 activations are a CUDA-backend choice: the CPU reference says so instead of ignoring it.
   expect_error(run_kiln(base + "--device cpu --activation-dtype bf16"), {"--activation-dtype bf16", "--device cuda"});
   expect_error(run_kiln(base + "--expert-activation-dtype half"), {"--expert-activation-dtype", "\"half\""});

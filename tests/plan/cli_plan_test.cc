@@ -70,7 +70,8 @@ TEST(PlanCli, ContractFlagsAndFitVerdicts) {
   EXPECT_FALSE(j["fits"].get<bool>());
   j = kiln_json("plan --model kimi-k2 --gpu H200 --gpus 8 --weights int4 --kv fp8");
   EXPECT_TRUE(j["fits"].get<bool>());
-  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 61 * 576);
+  // The FP8 row kiln stores: 512 e4m3 c_kv + 4 f32 scales + 64 bf16 k_pe = 656 B a layer.
+  EXPECT_EQ(j["kv_bytes_per_token"].get<int64_t>(), 61 * 656);
   // A price from the command line reaches the cost figures.
   const json cheap = kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 1.25");
   const json dear = kiln_json("plan --model kimi-k2 --gpu H200 --weights int4 --gpu-price 2.5");

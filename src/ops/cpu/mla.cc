@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/kv_fp8.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace kiln::ops::cpu {
@@ -82,19 +83,31 @@ int64_t pool_slot(const PagedKv& kv, int64_t seq, int64_t j) {
   return static_cast<int64_t>(block) * kv.block_size + j % kv.block_size;
 }
 
-// Row j of sequence `seq`, widened to f32 into `dst` (exact for both pool types).
+// The FP8 row layout of a pool whose rows are `row` values, c_kv the first kv_lora of them.
+KvFp8Layout fp8_layout(int64_t kv_lora, int64_t row, const char* op) {
+  KILN_CHECK(kv_lora > 0 && kv_lora <= row, "{}: an F8E4M3 KV pool needs its c_kv width (kv_lora {} of a {}-value row)",
+             op, kv_lora, row);
+  return kv_fp8_layout(kv_lora, row - kv_lora);
+}
+
+// Row j of sequence `seq`, widened to f32 into `dst` (exact for F32 and BF16 pools; an F8E4M3
+// pool's row dequantizes to the very values every other read of it sees).
 void load_row(const PagedKv& kv, int64_t seq, int64_t j, int64_t row, float* dst) {
-  const int64_t off = pool_slot(kv, seq, j) * row;
+  const int64_t slot = pool_slot(kv, seq, j);
   if (kv.pool_dtype == DType::F32) {
-    std::copy_n(static_cast<const float*>(kv.pool) + off, row, dst);
-  } else {
-    const uint16_t* src = static_cast<const uint16_t*>(kv.pool) + off;
+    std::copy_n(static_cast<const float*>(kv.pool) + slot * row, row, dst);
+  } else if (kv.pool_dtype == DType::BF16) {
+    const uint16_t* src = static_cast<const uint16_t*>(kv.pool) + slot * row;
     for (int64_t d = 0; d < row; ++d) dst[d] = bf16_to_f32(src[d]);
+  } else {
+    const KvFp8Layout l = fp8_layout(kv.kv_lora, row, "KV read");
+    kv_fp8_dequantize_row(l, static_cast<const uint8_t*>(kv.pool) + slot * l.row_bytes, dst);
   }
 }
 
 void check_pool(DType t, const char* op) {
-  KILN_CHECK(t == DType::F32 || t == DType::BF16, "{}: the KV pool must be F32 or BF16, not {}", op, dtype_name(t));
+  KILN_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F8E4M3,
+             "{}: the KV pool must be F32, BF16 or F8E4M3, not {}", op, dtype_name(t));
 }
 
 }  // namespace
@@ -102,6 +115,10 @@ void check_pool(DType t, const char* op) {
 void mla_absorbed(const MlaAbsorbedParams& p) {
   check_pool(p.kv.pool_dtype, "mla_absorbed");
   const int64_t row = p.kv_lora + p.rope_dim;
+  PagedKv cache = p.kv;  // the op knows the c_kv width an F8E4M3 row splits at
+  KILN_CHECK(cache.kv_lora == 0 || cache.kv_lora == p.kv_lora, "mla_absorbed: the pool's kv_lora {} is not the op's {}",
+             cache.kv_lora, p.kv_lora);
+  cache.kv_lora = p.kv_lora;
   std::vector<float> ctx;  // the sequence's rows in f32, widened once for every query and head
   for (int64_t b = 0; b < p.num_seqs; ++b) {
     const int64_t q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv.kv_lens[b];
@@ -115,7 +132,7 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
     KILN_CHECK(q_len >= 0 && kv_len >= q_len, "attention: sequence {} has {} queries but only {} keys", b, q_len,
                kv_len);
     ctx.resize(static_cast<size_t>(kv_len * row));
-    for (int64_t j = 0; j < kv_len; ++j) load_row(p.kv, b, j, row, ctx.data() + j * row);
+    for (int64_t j = 0; j < kv_len; ++j) load_row(cache, b, j, row, ctx.data() + j * row);
 #pragma omp parallel for collapse(2) if (q_len * p.num_heads > 8)
     for (int64_t i = 0; i < q_len; ++i) {
       for (int64_t h = 0; h < p.num_heads; ++h) {
@@ -149,14 +166,18 @@ void mla_absorbed(const MlaAbsorbedParams& p) {
 
 void kv_scatter(const KvScatterParams& p) {
   check_pool(p.pool_dtype, "kv_scatter");
+  const bool fp8 = p.pool_dtype == DType::F8E4M3;
+  const KvFp8Layout l = fp8 ? fp8_layout(p.kv_lora, p.row_dim, "kv_scatter") : KvFp8Layout{};
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const float* src = p.rows + t * p.row_dim;
-    const int64_t off = static_cast<int64_t>(p.slots[t]) * p.row_dim;
+    const int64_t slot = p.slots[t];
     if (p.pool_dtype == DType::F32) {
-      std::copy_n(src, p.row_dim, static_cast<float*>(p.pool) + off);
-    } else {
-      uint16_t* dst = static_cast<uint16_t*>(p.pool) + off;
+      std::copy_n(src, p.row_dim, static_cast<float*>(p.pool) + slot * p.row_dim);
+    } else if (p.pool_dtype == DType::BF16) {
+      uint16_t* dst = static_cast<uint16_t*>(p.pool) + slot * p.row_dim;
       for (int64_t d = 0; d < p.row_dim; ++d) dst[d] = f32_to_bf16(src[d]);  // round to nearest even
+    } else {
+      kv_fp8_quantize_row(l, src, static_cast<uint8_t*>(p.pool) + slot * l.row_bytes);
     }
   }
 }
@@ -185,7 +206,7 @@ void mla_prepare(const MlaPrepareParams& p) {
   rms_norm({p.kva, p.kva_stride, p.norm_weight, p.norm_weight_dtype, rows.data(), row, T, p.kv_lora, p.eps});
   copy({p.kva + p.kv_lora, p.kva_stride, rows.data() + p.kv_lora, row, T, p.rope_dim});
   rope({rows.data() + p.kv_lora, T, 1, row, 0, p.rope_dim, p.positions, p.inv_freq, p.attention_factor, p.interleaved});
-  kv_scatter({rows.data(), p.slots, p.pool, p.pool_dtype, T, row});
+  kv_scatter({rows.data(), p.slots, p.pool, p.pool_dtype, T, row, p.kv_lora});
 }
 
 }  // namespace kiln::ops::cpu
