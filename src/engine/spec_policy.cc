@@ -273,16 +273,22 @@ SpecPolicy::Best SpecPolicy::optimise(std::span<const Row> rows) const {
   // Best marginal gain first; a level's drafts in order, so each row takes drafts 1..K.
   std::sort(groups.begin(), groups.end(),
             [](const Group& x, const Group& y) { return x.gain != y.gain ? x.gain > y.gain : x.j < y.j; });
-  double tokens = static_cast<double>(B);
+  // The verify time at whole drafts per row, interpolated between (the loop below stays cheap on
+  // the engine thread at any batch); a draft forward's only when the rows drafting change.
+  std::vector<double> verify_at(static_cast<size_t>(max_k_) + 1);
+  for (int64_t x = 0; x <= max_k_; ++x) verify_at[static_cast<size_t>(x)] = costs_.verify(B, static_cast<double>(x));
+  double tokens = static_cast<double>(B), draft = 0;
   int64_t drafts = 0, spec_rows = 0, k_max = 0;
   size_t taken = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     tokens += groups[g].gain * static_cast<double>(groups[g].count);
     drafts += groups[g].count;
-    if (groups[g].j == 1) spec_rows += groups[g].count;
+    if (groups[g].j == 1) spec_rows += groups[g].count, draft = costs_.draft(spec_rows);
     k_max = std::max(k_max, groups[g].j);
-    const double cost = costs_.verify(B, static_cast<double>(drafts) / static_cast<double>(B)) +
-                        static_cast<double>(k_max) * costs_.draft(spec_rows);
+    const double x = static_cast<double>(drafts) / static_cast<double>(B);
+    const auto lo = std::min(static_cast<size_t>(x), static_cast<size_t>(max_k_ - 1));
+    const double verify = verify_at[lo] + (x - static_cast<double>(lo)) * (verify_at[lo + 1] - verify_at[lo]);
+    const double cost = verify + static_cast<double>(k_max) * draft;
     if (const double thr = tokens / cost; thr > best.spec) best.spec = thr, taken = g + 1;
   }
   std::vector<int64_t> k_level(kLevels, 0);
@@ -319,8 +325,12 @@ bool SpecPolicy::plan(std::span<const Row> rows, std::vector<int64_t>& k) {
   if (want != preferred_ && steps_ > 1) {
     ++stats_.switches;
     p.interval = cfg_.probe_interval;  // things changed: look again soon
-    spdlog::info("speculation policy: {} at {} decode rows (expected {:.2f}x plain throughput)",
-                 want ? "speculating" : "decoding plainly", B, best.spec / best.plain);
+    // Each change is logged while they are few; a load that keeps crossing the break-even batch
+    // would flood the log, and the periodic speculation line has the counts.
+    spdlog::log(stats_.switches <= 20 ? spdlog::level::info : spdlog::level::debug,
+                "speculation policy: {} at {} decode rows (expected {:.2f}x plain throughput){}",
+                want ? "speculating" : "decoding plainly", B, best.spec / best.plain,
+                stats_.switches == 20 ? "; further changes are logged at debug level" : "");
   }
   preferred_ = want;
   bool speculate = want;
