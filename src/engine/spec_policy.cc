@@ -112,7 +112,7 @@ double StepCostModel::verify_here(const Bucket& b, double x, double p) const {
 double StepCostModel::verify_ratio(int64_t bucket, double x) const {
   // The nearest bucket where both modes are measured says how much dearer verifying is.
   const auto n = static_cast<int64_t>(buckets_.size());
-  for (int64_t d = 0; d < n; ++d)
+  for (int64_t d = 0; d < std::max(n, bucket + 1); ++d)
     for (const int64_t c : {bucket - d, bucket + d}) {
       if (c < 0 || c >= n) continue;
       const Bucket& b = buckets_[static_cast<size_t>(c)];
@@ -126,7 +126,7 @@ double StepCostModel::verify_ratio(int64_t bucket, double x) const {
 double StepCostModel::plain(int64_t rows) const {
   const int64_t b = bucket(rows), n = static_cast<int64_t>(buckets_.size());
   // Measured here; else from this bucket's verify steps; else the nearest bucket's.
-  for (int64_t d = 0; d < n; ++d)
+  for (int64_t d = 0; d < std::max(n, b + 1); ++d)
     for (const int64_t c : {b - d, b + d}) {
       if (c < 0 || c >= n) continue;
       const Bucket& k = buckets_[static_cast<size_t>(c)];
@@ -149,7 +149,7 @@ double StepCostModel::verify(int64_t rows, double x) const {
 
 double StepCostModel::draft(int64_t rows) const {
   const int64_t b = bucket(rows), n = static_cast<int64_t>(buckets_.size());
-  for (int64_t d = 0; d < n; ++d)
+  for (int64_t d = 0; d < std::max(n, b + 1); ++d)
     for (const int64_t c : {b - d, b + d}) {
       if (c < 0 || c >= n) continue;
       const Cell& k = buckets_[static_cast<size_t>(c)].draft;

@@ -265,6 +265,9 @@ TEST(SpecPolicy, PriorAloneDerivesTheMissingMode) {
   EXPECT_NEAR(c.plain(2), 0.01, 1e-12);
   c.add_plain(2, 0.005);  // both measured: the measured ratio (2.6) carries to other batches
   EXPECT_NEAR(c.verify(1, 2) / c.plain(1), 2.6, 1e-9);
+  // A batch far above every measured one: the nearest measured bucket's times.
+  EXPECT_NEAR(c.plain(200), 0.005, 1e-12);
+  EXPECT_NEAR(c.verify(200, 2) / c.plain(200), 2.6, 1e-9);
   EXPECT_THROW(parse_spec_policy_mode("sometimes"), std::exception);
   EXPECT_EQ(parse_spec_policy_mode("adaptive"), SpecPolicyMode::Adaptive);
 }
