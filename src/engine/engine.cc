@@ -231,6 +231,9 @@ void Engine::loop() {
   for (auto& [id, seq] : seqs_) left.push_back(seq.get());
   for (Sequence* s : left) finish(s, FinishReason::Abort, "the engine shut down");
   flush();
+  // What the adaptive policy measured, in the form --speculative-policy-table reads.
+  if (policy_ && cfg_.spec_policy.mode == SpecPolicyMode::Adaptive)
+    spdlog::info("speculation policy: step times learned: {}", policy_->costs().to_json());
 }
 
 void Engine::settle(StepTimes& times) {
