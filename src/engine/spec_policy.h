@@ -28,6 +28,10 @@
 // plain throughput, c being a speculative step's cost over a plain one's (about 3 for K = 2 on
 // kiln-tiny on an H100: 0.4% at the longest interval), plus the lag of the running estimates
 // when load or acceptance shifts.
+//
+// Greedy output does not depend on the decisions; a seeded sampled request's tokens do (same
+// distribution, other draws), and adaptive decisions follow measured times: the fixed policy
+// keeps a seed's tokens reproducible.
 #pragma once
 
 #include <cstdint>

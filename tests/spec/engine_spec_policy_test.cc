@@ -65,6 +65,26 @@ TEST(EngineSpecPolicy, AdaptiveGivesThePlainEnginesGreedyOutput) {
   }
 }
 
+TEST(EngineSpecPolicy, SwitchingEveryFewStepsUnderPreemptionLosesNothing) {
+  // Probes every 2-4 steps: the loop keeps moving between the overlapped and the serial loop
+  // (and the drafter catching up) while a tiny pool preempts, and the prefix cache serves blocks.
+  const std::vector<Request> reqs = requests(30);
+  Engine plain(*models().target, config(0));
+  const auto want = run_all(plain, reqs);
+  EngineConfig c = config(4, 4, 24);
+  c.spec_policy.mode = SpecPolicyMode::Adaptive;
+  c.spec_policy.probe_interval = 2;
+  c.spec_policy.max_probe_interval = 4;
+  Engine spec(*models().target, std::move(c));
+  EXPECT_EQ(run_all(spec, reqs), want);
+  EXPECT_EQ(run_all(spec, reqs), want);  // again, from the prefix cache
+  const EngineStats s = spec.stats();
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.spec.policy.speculate_steps, 0);
+  EXPECT_GT(s.spec.policy.plain_steps, 0);
+  EXPECT_GT(s.overlapped_steps, 0);
+}
+
 // Proposes the same token everywhere: kiln-tiny's greedy choice is almost never it.
 class WrongDrafter : public Drafter {
  public:
