@@ -4,7 +4,9 @@
 #   1. greedy ids of kiln-tiny on CUDA with and without kiln-tiny-draft (K 1..5) must be the same
 #      (prints "spec greedy K=k: same" or the first differing index);
 #   2. kiln bench model with and without the draft model at batch 1, 4, 16, 64 (figures, not tests):
-#      decode tok/s, acceptance per position, mean accepted length, draft and verify seconds.
+#      decode tok/s, acceptance per position, mean accepted length, draft and verify seconds; K 2
+#      and 4 with the fixed policy (every step verifies K), then K 4 with the adaptive one (its
+#      speculative / plain step counts per batch), whose tok/s should be no lower than plain's.
 # Usage there: bash scripts/gpu-spec-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +38,9 @@ done
 BM=("$K" bench model --device cuda --model models/kiln-tiny --batch-sizes 1,4,16,64 --prompt-len 128 --decode-steps 128)
 "${BM[@]}" --json "$OUT/spec_bench_plain.json" 2>&1 | grep -v '\[info\]' | tee "$OUT/spec_bench_plain.log" || status=1
 for k in 2 4; do
-  "${BM[@]}" "${DRAFT[@]}" --speculative-num-tokens $k --json "$OUT/spec_bench_k$k.json" 2>&1 | grep -v '\[info\]' |
-    tee "$OUT/spec_bench_k$k.log" || status=1
+  "${BM[@]}" "${DRAFT[@]}" --speculative-num-tokens $k --speculative-policy fixed --json "$OUT/spec_bench_k$k.json" 2>&1 |
+    grep -v '\[info\]' | tee "$OUT/spec_bench_k$k.log" || status=1
 done
+"${BM[@]}" "${DRAFT[@]}" --speculative-num-tokens 4 --speculative-policy adaptive --json "$OUT/spec_bench_adaptive.json" \
+  2>&1 | grep -v 'loading' | tee "$OUT/spec_bench_adaptive.log" || status=1
 exit $status

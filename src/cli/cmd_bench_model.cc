@@ -49,6 +49,9 @@ SpecDecodeStats spec_delta(const SpecDecodeStats& b, const SpecDecodeStats& a) {
   for (size_t i = 0; i < a.proposed_at.size() && i < d.proposed_at.size(); ++i)
     d.proposed_at[i] -= a.proposed_at[i], d.accepted_at[i] -= a.accepted_at[i];
   d.draft_seconds -= a.draft_seconds, d.verify_seconds -= a.verify_seconds;
+  d.policy.speculate_steps -= a.policy.speculate_steps, d.policy.plain_steps -= a.policy.plain_steps;
+  d.policy.probe_speculate -= a.policy.probe_speculate, d.policy.probe_plain -= a.policy.probe_plain;
+  d.policy.switches -= a.policy.switches;
   return d;
 }
 
@@ -146,6 +149,7 @@ int run_bench_model(const BenchModelArgs& a) {
     cfg.kv.memory_bytes = kv::parse_memory_size(a.kv_cache_memory, "--kv-cache-memory");
   else  // exactly what the largest batch needs: no preemption, no waste
     cfg.kv.num_blocks = max_batch * kv::blocks_for(a.prompt_len + a.decode_steps, a.block_size);
+  cfg.spec_policy = spec_policy_config(a.speculative);
   cfg.speculator = make_speculator(a.speculative, *model);
   Engine engine(*model, cfg);
 
@@ -174,10 +178,10 @@ int run_bench_model(const BenchModelArgs& a) {
     std::printf("%6lld  %14.1f  %18.2f  %18.1f  %12.2f\n", static_cast<long long>(r.batch), r.prefill_tps,
                 r.decode_tps_stream, r.decode_tps, r.step_ms);
   if (cfg.speculator) {
-    std::printf("speculative decoding (%s, K %lld): decode tok/s counts every token a step emits\n",
-                cfg.speculator->name(), static_cast<long long>(a.speculative.num_tokens));
-    std::printf("%6s  %10s  %10s  %10s  %10s  %s\n", "batch", "accepted", "mean len", "draft s", "verify s",
-                "acceptance per draft position");
+    std::printf("speculative decoding (%s, K %lld, %s policy): decode tok/s counts every token a step emits\n",
+                cfg.speculator->name(), static_cast<long long>(a.speculative.num_tokens), a.speculative.policy.c_str());
+    std::printf("%6s  %10s  %10s  %10s  %10s  %11s  %s\n", "batch", "accepted", "mean len", "draft s", "verify s",
+                "spec/plain", "acceptance per draft position");
     for (const Row& r : rows) {
       std::string per;
       for (size_t i = 0; i < r.spec.proposed_at.size(); ++i)
@@ -185,9 +189,10 @@ int run_bench_model(const BenchModelArgs& a) {
                            r.spec.proposed_at[i]
                                ? static_cast<double>(r.spec.accepted_at[i]) / static_cast<double>(r.spec.proposed_at[i])
                                : 0.0);
-      std::printf("%6lld  %10.3f  %10.3f  %10.3f  %10.3f  %s\n", static_cast<long long>(r.batch),
+      const std::string steps = fmt::format("{}/{}", r.spec.policy.speculate_steps, r.spec.policy.plain_steps);
+      std::printf("%6lld  %10.3f  %10.3f  %10.3f  %10.3f  %11s  %s\n", static_cast<long long>(r.batch),
                   r.spec.acceptance_rate(), r.spec.mean_accepted_length(), r.spec.draft_seconds, r.spec.verify_seconds,
-                  per.c_str());
+                  steps.c_str(), per.c_str());
     }
   }
 
@@ -219,7 +224,8 @@ int run_bench_model(const BenchModelArgs& a) {
     if (cfg.speculator) {
       j["speculative"] = {{"algorithm", a.speculative.algorithm},
                           {"model", a.speculative.model},
-                          {"num_tokens", a.speculative.num_tokens}};
+                          {"num_tokens", a.speculative.num_tokens},
+                          {"policy", a.speculative.policy}};
       for (size_t i = 0; i < rows.size(); ++i) {
         const SpecDecodeStats& sd = rows[i].spec;
         j["results"][i]["speculative"] = {{"verifies", sd.verifies},
@@ -230,7 +236,10 @@ int run_bench_model(const BenchModelArgs& a) {
                                           {"proposed_at", sd.proposed_at},
                                           {"accepted_at", sd.accepted_at},
                                           {"draft_seconds", sd.draft_seconds},
-                                          {"verify_seconds", sd.verify_seconds}};
+                                          {"verify_seconds", sd.verify_seconds},
+                                          {"policy_speculate_steps", sd.policy.speculate_steps},
+                                          {"policy_plain_steps", sd.policy.plain_steps},
+                                          {"policy_probe_steps", sd.policy.probe_speculate + sd.policy.probe_plain}};
       }
     }
     std::ofstream f(a.json_out);

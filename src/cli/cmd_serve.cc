@@ -117,6 +117,7 @@ int run_serve(ServeArgs a) {
     ec.kv.memory_bytes = int64_t{256} << 20;
   else
     ec.kv.memory_fraction = a.kv_fraction;
+  ec.spec_policy = spec_policy_config(a.speculative);
   ec.speculator = make_speculator(a.speculative, *m.model);
   Engine engine(*m.model, ec);
 

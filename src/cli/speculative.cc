@@ -12,9 +12,31 @@ void add_speculative_options(CLI::App& sub, SpeculativeFlags& f) {
                  "not built yet");
   sub.add_option("--speculative-model", f.model, "draft model checkpoint directory (same tokenizer as --model)");
   sub.add_option("--speculative-num-tokens", f.num_tokens, "draft tokens verified per step (K)")->capture_default_str();
+  sub.add_option("--speculative-policy", f.policy,
+                 "fixed: every step verifies K drafts per row; adaptive: K per row from its running acceptance, "
+                 "and speculation off at batches where the measured step times say it does not pay")
+      ->capture_default_str();
+  sub.add_option("--speculative-policy-table", f.policy_table,
+                 "adaptive policy: a step-time table (JSON: plain, verify, draft times by rows) to start from "
+                 "instead of the prior; it is refined online");
+  sub.add_option("--speculative-probe-interval", f.probe_interval,
+                 "adaptive policy: decode steps before the mode not chosen (plain or speculative) is measured "
+                 "again (doubling up to 16x while nothing changes)")
+      ->capture_default_str();
+}
+
+SpecPolicyConfig spec_policy_config(const SpeculativeFlags& f) {
+  SpecPolicyConfig c;
+  c.mode = parse_spec_policy_mode(f.policy);
+  c.table_path = f.policy_table;
+  c.probe_interval = f.probe_interval;
+  c.max_probe_interval = 16 * f.probe_interval;
+  return c;
 }
 
 void check_speculative_flags(const SpeculativeFlags& f) {
+  parse_spec_policy_mode(f.policy);
+  KILN_CHECK(f.probe_interval >= 1, "--speculative-probe-interval must be >= 1, got {}", f.probe_interval);
   if (f.algorithm.empty()) {
     KILN_CHECK(f.model.empty(), "--speculative-model needs --speculative-algorithm draft");
     return;

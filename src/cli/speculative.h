@@ -15,12 +15,19 @@ struct SpeculativeFlags {
   std::string algorithm;   // empty: off; draft (mtp and dspark are refused: not built yet)
   std::string model;       // --speculative-model: the draft checkpoint
   int64_t num_tokens = 4;  // K
+  // How many of the K drafts each step verifies (engine/spec_policy.h).
+  std::string policy = "adaptive";  // fixed | adaptive
+  std::string policy_table;         // optional step-time table (JSON) to start from
+  int64_t probe_interval = 64;      // steps before the mode not chosen is measured again
 };
 void add_speculative_options(CLI::App& sub, SpeculativeFlags& f);
 // The flags alone (before any model loads): a clear error naming the bad one.
 void check_speculative_flags(const SpeculativeFlags& f);
 // Null when speculation is off; a clear error naming the bad flag otherwise.
 std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const DeepseekV3Model& target);
+
+// The engine's policy settings from the flags.
+SpecPolicyConfig spec_policy_config(const SpeculativeFlags& f);
 
 // The kernel plan with speculation's own entries (drafter and verifier), logged once.
 std::vector<std::pair<std::string, std::string>> with_speculation(std::vector<std::pair<std::string, std::string>> plan,

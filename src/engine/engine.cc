@@ -53,9 +53,12 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
     cfg_.speculator->size_cache(plan_.tokens() + cfg_.scheduler.max_num_seqs * (k + 1));
     spec_.proposed_at.assign(static_cast<size_t>(k), 0);
     spec_.accepted_at.assign(static_cast<size_t>(k), 0);
+    policy_ = std::make_unique<SpecPolicy>(cfg_.spec_policy, k);
     stats_.spec = spec_;
-    spdlog::info("speculative decoding: {} drafter, up to {} draft tokens per step (serial loop for its requests)",
-                 cfg_.speculator->name(), k);
+    spdlog::info(
+        "speculative decoding: {} drafter, up to {} draft tokens per step, {} policy (steps that verify "
+        "drafts run on the serial loop)",
+        cfg_.speculator->name(), k, to_string(cfg_.spec_policy.mode));
   }
   seed_rng_.seed(std::random_device{}());
   stats_.blocks_total = stats_.blocks_free = plan_.num_blocks;
@@ -141,13 +144,20 @@ void Engine::loop() {
       if (stop_) break;
     }
     intake();
+    const bool speculate = plan_speculation();
     // Overlapped: step n+1 is scheduled and queued before step n's tokens are read, so the device
     // never waits for the host's bookkeeping. Only while every request samples on the device
-    // with nothing the host must see between steps; otherwise the step in flight settles first.
-    const bool overlap = cfg_.overlap_schedule && unsafe_ == 0;
+    // with nothing the host must see between steps, and the step verifies no drafts; otherwise
+    // the step in flight settles first.
+    const bool overlap = cfg_.overlap_schedule && unsafe_ == 0 && !speculate;
     StepTimes times;
     const auto t0 = Clock::now();
     if (!overlap && inflight_) settle(times);
+    // The step's own time, for the speculation policy: from here (the step before it settled, if
+    // serial) to its flush; an overlapped step's iteration is its period once it waits for another.
+    const auto t_step = Clock::now();
+    const bool waits_for_previous = inflight_.has_value();
+    const double draft_before = spec_.draft_seconds;
     SchedulerOutput out;
     std::optional<ModelRunner::InFlight> next;
     if (scheduler_->has_work()) {
@@ -200,6 +210,8 @@ void Engine::loop() {
     const auto t_flush = Clock::now();
     flush();
     flush_seconds_ = since(t_flush);
+    if (!out.empty())
+      observe_speculation(out, since(t_step), spec_.draft_seconds - draft_before, !overlapped || waits_for_previous);
     // The server log's speculation line (vLLM logs its own every few seconds): every 10 s while
     // verifying, and when the work runs out.
     if (spec_.verifies > spec_logged_verifies_ && (since(spec_logged_at_) >= 10.0 || !scheduler_->has_work())) {
@@ -219,6 +231,9 @@ void Engine::loop() {
   for (auto& [id, seq] : seqs_) left.push_back(seq.get());
   for (Sequence* s : left) finish(s, FinishReason::Abort, "the engine shut down");
   flush();
+  // What the adaptive policy measured, in the form --speculative-policy-table reads.
+  if (policy_ && cfg_.spec_policy.mode == SpecPolicyMode::Adaptive)
+    spdlog::info("speculation policy: step times learned: {}", policy_->costs().to_json());
 }
 
 void Engine::settle(StepTimes& times) {
@@ -271,10 +286,10 @@ void Engine::intake() {
     s->overlap_safe = !s->constraint && p.top_logprobs <= ops::kMaxTopLogprobs && s->prompt_logprobs < 0 &&
                       p.logit_bias.empty() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
                       p.frequency_penalty == 0.0f;
-    // Speculation verifies on the host, so its requests take the serial loop; one that needs the
-    // host for its own sampling (constraint, penalties, logit_bias, prompt logprobs) decodes plainly.
+    // Speculation verifies on the host, so a step that verifies drafts takes the serial loop (the
+    // policy says which steps do); a request that needs the host for its own sampling
+    // (constraint, penalties, logit_bias, prompt logprobs) decodes plainly.
     if (!s->overlap_safe) s->spec_tokens = 0;
-    if (s->spec_tokens > 0) s->overlap_safe = false;
     unsafe_ += !s->overlap_safe;
     seqs_.emplace(s->id, std::move(seq));
     if (s->max_tokens == 0 && s->prompt_logprobs < 0)  // nothing to compute
@@ -336,6 +351,7 @@ void Engine::step_run(const SchedulerOutput& out) {
     ++spec_.verifies;
     spec_.draft_tokens += it.num_draft;
     spec_.accepted_tokens += accepted;
+    policy_->verified(it.seq->id, it.num_draft, accepted);
     for (int64_t j = 0; j < it.num_draft && j < static_cast<int64_t>(spec_.proposed_at.size()); ++j) {
       ++spec_.proposed_at[static_cast<size_t>(j)];
       spec_.accepted_at[static_cast<size_t>(j)] += j < accepted;
@@ -385,11 +401,14 @@ std::string spec_summary(const SpecDecodeStats& s) {
     per += fmt::format(
         "{}{:.3f}", i ? " " : "",
         s.proposed_at[i] ? static_cast<double>(s.accepted_at[i]) / static_cast<double>(s.proposed_at[i]) : 0.0);
+  const SpecPolicyStats& p = s.policy;
   return fmt::format(
       "speculative decoding: {} verifies, {} of {} drafts accepted ({:.3f}), mean accepted length {:.3f}, "
-      "acceptance per position [{}], draft {:.3f} s, verify {:.3f} s",
+      "acceptance per position [{}], draft {:.3f} s, verify {:.3f} s; policy: {} steps speculated ({} probes), "
+      "{} plain ({} probes), now {} ({:.2f} drafts per row)",
       s.verifies, s.accepted_tokens, s.draft_tokens, s.acceptance_rate(), s.mean_accepted_length(), per,
-      s.draft_seconds, s.verify_seconds);
+      s.draft_seconds, s.verify_seconds, p.speculate_steps, p.probe_speculate, p.plain_steps, p.probe_plain,
+      p.speculating ? "speculating" : "plain", p.drafts_per_row);
 }
 
 SampleResult Engine::scored(const float* logits, int32_t token, const SamplingParams& p) const {
@@ -432,6 +451,7 @@ void Engine::finish(Sequence* seq, FinishReason reason, std::string error) {
 void Engine::retire(Sequence* seq) {
   scheduler_->remove(seq);
   if (cfg_.speculator && seq->spec_tokens > 0) cfg_.speculator->release(seq->id);
+  if (policy_) policy_->release(seq->id);
   ++(*seq->finish_reason == FinishReason::Abort ? aborted_ : finished_);
 }
 

@@ -19,6 +19,7 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/spec_policy.h"
 #include "engine/speculator.h"
 #include "engine/stream.h"
 #include "kv/block_allocator.h"
@@ -40,9 +41,12 @@ struct EngineConfig {
   // async scheduling) whenever every request allows it (Engine::intake says which do).
   bool overlap_schedule = true;
   bool check_invariants = false;  // check the allocator and prefix cache after every step (tests)
-  // Speculative decoding (null: off). Speculating requests run on the serial loop: the verifier
-  // needs each step's logits on the host before the next step's drafts.
+  // Speculative decoding (null: off). Steps that verify drafts run on the serial loop: the
+  // verifier needs each step's logits on the host before the next step's drafts.
   std::shared_ptr<Speculator> speculator;
+  // How many drafts each step verifies (engine/spec_policy.h). Fixed here, so that a library
+  // user gets the K it asked for; the command line defaults to adaptive.
+  SpecPolicyConfig spec_policy;
 };
 
 // Speculative decoding over the engine's life (all zero without a speculator).
@@ -51,6 +55,7 @@ struct SpecDecodeStats {
   int64_t draft_tokens = 0, accepted_tokens = 0;
   std::vector<int64_t> proposed_at, accepted_at;  // [K]: per draft position
   double draft_seconds = 0, verify_seconds = 0;   // drafting; steps with verify rows (their forward)
+  SpecPolicyStats policy;                         // what the speculation policy decided
   // Tokens a verification emits on average: accepted drafts + the final token.
   double mean_accepted_length() const {
     return verifies ? static_cast<double>(accepted_tokens + verifies) / static_cast<double>(verifies) : 0.0;
@@ -126,6 +131,10 @@ class Engine {
   // Waits for the step in flight and commits its tokens (adds to times' forward and post).
   void settle(StepTimes& times);
   void check_invariants() const;  // allocator, cache, and every block reference accounted for
+  // The speculation policy's hooks (engine_spec.cc): this step's drafts per decode row (true when
+  // any row drafts, so the step cannot overlap), and the step's measured time afterwards.
+  bool plan_speculation();
+  void observe_speculation(const SchedulerOutput& out, double seconds, double draft_seconds, bool timed);
   // A verified token with the logprobs its request asks for, from its row of the target's logits.
   SampleResult scored(const float* logits, int32_t token, const SamplingParams& p) const;
 
@@ -153,6 +162,8 @@ class Engine {
   std::chrono::steady_clock::time_point spec_logged_at_ = std::chrono::steady_clock::now();
   std::optional<ModelRunner::InFlight> inflight_;  // the overlapped loop's step whose tokens are not read yet
   int64_t unsafe_ = 0;                             // requests (in seqs_) that rule the overlap out
+  // How many drafts each step verifies (with a speculator).
+  std::unique_ptr<SpecPolicy> policy_;
 
   // Shared with submitters, under mu_.
   mutable std::mutex mu_;

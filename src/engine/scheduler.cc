@@ -35,8 +35,8 @@ SchedulerOutput Scheduler::schedule() {
   // Drafts a speculating decode row verifies: never more than the tokens it may still emit
   // after the sampled one, nor than the step's budget.
   auto drafts = [&](const Sequence* s, int64_t n) -> int64_t {
-    if (!s->decoding || n != 1 || s->spec_tokens <= 0) return 0;
-    return std::max<int64_t>(0, std::min({s->spec_tokens, s->max_tokens - s->num_output() - 1, budget - 1}));
+    if (!s->decoding || n != 1 || s->spec_k <= 0) return 0;
+    return std::max<int64_t>(0, std::min({s->spec_k, s->max_tokens - s->num_output() - 1, budget - 1}));
   };
 
   // Running sequences, oldest first. One that cannot grow preempts the newest until it can (or

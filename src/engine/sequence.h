@@ -69,6 +69,7 @@ struct Sequence {
   bool overlap_safe = true;     // its sampling needs nothing from the host between steps
   // Speculation: the most drafts verified per decode step (0: plain decoding), and this step's.
   int64_t spec_tokens = 0;
+  int64_t spec_k = 0;  // drafts the speculation policy chose for this step (<= spec_tokens)
   std::vector<int32_t> drafts;
   // Marks it finished (no-op when it already is) and fills the usage fields of `pending`.
   void finish(FinishReason reason, std::string error = {});

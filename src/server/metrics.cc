@@ -132,6 +132,23 @@ std::string Metrics::render(const EngineStats& s, const std::string& model) cons
   out += "# TYPE kiln_spec_decode_seconds_total counter\n";
   out += fmt::format("kiln_spec_decode_seconds_total{{phase=\"draft\"}} {}\n", sd.draft_seconds);
   out += fmt::format("kiln_spec_decode_seconds_total{{phase=\"verify\"}} {}\n", sd.verify_seconds);
+  // What the speculation policy decided (engine/spec_policy.h): its last step, and every step's.
+  const SpecPolicyStats& sp = sd.policy;
+  gauge(out, "kiln_spec_decode_policy_speculating", "1 when the last decode step verified drafts, else 0",
+        sp.speculating ? 1 : 0);
+  gauge(out, "kiln_spec_decode_policy_draft_tokens", "Drafts per decode row the last step verified (its mean K)",
+        sp.drafts_per_row);
+  gauge(out, "kiln_spec_decode_policy_expected_speedup",
+        "The last decision's expected throughput of speculating over plain decoding (adaptive policy)",
+        sp.expected_speedup);
+  counter(out, "kiln_spec_decode_policy_switches_total", "Changes of the adaptive policy's preferred mode",
+          sp.switches);
+  out += "# HELP kiln_spec_decode_policy_decisions_total Decode steps by the policy's decision (probes included)\n";
+  out += "# TYPE kiln_spec_decode_policy_decisions_total counter\n";
+  for (const auto& [d, v] :
+       {std::pair{"speculate", sp.speculate_steps}, std::pair{"plain", sp.plain_steps},
+        std::pair{"probe_speculate", sp.probe_speculate}, std::pair{"probe_plain", sp.probe_plain}})
+    out += fmt::format("kiln_spec_decode_policy_decisions_total{{decision=\"{}\"}} {}\n", d, v);
   out += "# HELP kiln_kernel_plan_info The implementation serving each op (value is always 1)\n";
   out += "# TYPE kiln_kernel_plan_info gauge\n";
   for (const auto& [op, impl] : plan_)

@@ -34,5 +34,23 @@ TEST(Metrics, FreeKvBlocksIncludeEvictableCachedBlocks) {
   EXPECT_EQ(series(text, "kiln_kv_blocks_cached_evictable"), 25);
 }
 
+// What the speculation policy decided: its last step (on or off, drafts per row) and its counts.
+TEST(Metrics, SpeculationPolicyDecisions) {
+  EngineStats s;
+  s.spec.policy.speculate_steps = 7;
+  s.spec.policy.plain_steps = 90;
+  s.spec.policy.probe_speculate = 4;
+  s.spec.policy.switches = 2;
+  s.spec.policy.speculating = false;
+  s.spec.policy.expected_speedup = 0.5;
+  const std::string text = Metrics().render(s, "m");
+  EXPECT_EQ(series(text, "kiln_spec_decode_policy_speculating"), 0);
+  EXPECT_EQ(series(text, "kiln_spec_decode_policy_draft_tokens"), 0);
+  EXPECT_EQ(series(text, "kiln_spec_decode_policy_expected_speedup"), 0.5);
+  EXPECT_EQ(series(text, "kiln_spec_decode_policy_switches_total"), 2);
+  EXPECT_EQ(series(text, "kiln_spec_decode_policy_decisions_total{decision=\"plain\"}"), 90);
+  EXPECT_EQ(series(text, "kiln_spec_decode_policy_decisions_total{decision=\"probe_speculate\"}"), 4);
+}
+
 }  // namespace
 }  // namespace kiln::server

@@ -73,6 +73,11 @@ TEST(SpecCli, RefusesWhatIsNotBuiltOrInconsistent) {
   const RunResult bad_k = run_kiln(base + kDraft + " --speculative-num-tokens 0");
   EXPECT_NE(bad_k.exit_code, 0);
   EXPECT_NE(bad_k.out.find("--speculative-num-tokens"), std::string::npos) << bad_k.out;
+  const RunResult bad_policy = run_kiln(base + kDraft + " --speculative-policy sometimes");
+  EXPECT_NE(bad_policy.exit_code, 0);
+  EXPECT_NE(bad_policy.out.find("--speculative-policy"), std::string::npos) << bad_policy.out;
+  const RunResult fixed = run_kiln(base + kDraft + " --speculative-policy fixed");
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.out;
 }
 
 }  // namespace
