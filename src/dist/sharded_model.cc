@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/process_ranks.h"
 #include "dist/sharded_weights.h"
 #include "dist/thread_communicator.h"
 #include "model/rank_group.h"
@@ -12,25 +13,30 @@ ShardedModel load_sharded_model(const ModelConfig& c, const std::string& dir, co
   KILN_CHECK(o.make_backend, "internal: a sharded model needs a backend factory");
   const ParallelLayout layout(o.parallel, c);  // refuses a split that does not fit, naming it
   const int world = o.parallel.world_size;
+  const int first = o.first_rank, local = o.local_ranks > 0 ? o.local_ranks : world;
+  KILN_CHECK(first >= 0 && first + local <= world && (local == world || o.process_comm),
+             "internal: ranks {}..{} of {} in one process", first, first + local - 1, world);
   KILN_CHECK(o.parallel.dcp == 1 || o.parallel.dcp == world,
              "--dcp {} with --tp {}: decode context parallelism runs over the whole TP group (--dcp equal to --tp) "
              "for now",
              o.parallel.dcp, o.parallel.tp);
-  for (int r = 0; r < world; ++r) spdlog::info("parallel layout: {}", layout.describe(r));
+  for (int r = first; r < first + local; ++r) spdlog::info("parallel layout: {}", layout.describe(r));
   std::unique_ptr<Checkpoint> ckpt;
   if (!o.random_weights) ckpt = std::make_unique<Checkpoint>(dir);
 
-  auto host = make_thread_communicators(world);
-  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(world));
-  std::vector<std::unique_ptr<ops::Backend>> backends(static_cast<size_t>(world));
-  std::vector<std::unique_ptr<DeepseekV3Model>> models(static_cast<size_t>(world));
+  KILN_CHECK(local == world || o.make_comm, "internal: a multi-process model needs a communicator factory");
+  auto host = make_thread_communicators(local);
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(local));
+  std::vector<std::unique_ptr<ops::Backend>> backends(static_cast<size_t>(local));
+  std::vector<std::unique_ptr<DeepseekV3Model>> models(static_cast<size_t>(local));
   if (o.thread_init) o.thread_init(0);
-  auto workers = std::make_unique<RankWorkers>(world, o.thread_init);
+  auto workers = std::make_unique<RankWorkers>(local, o.thread_init);
   // Every rank loads at once on its own thread (its own device's memory on CUDA).
   workers->run(
-      [&](int r) {
-        const auto i = static_cast<size_t>(r);
-        backends[i] = o.make_backend(r);
+      [&](int index) {
+        const auto i = static_cast<size_t>(index);
+        const int r = first + index;  // the rank in the whole group
+        backends[i] = o.make_backend(index);
         comms[i] = o.make_comm ? o.make_comm(r, *host[i], *backends[i]) : std::move(host[i]);
         ModelWeights w = o.random_weights ? random_rank_weights(c, *backends[i], layout, r, o.seed)
                                           : load_rank_weights(c, *ckpt, *backends[i], layout, r);
@@ -44,8 +50,11 @@ ShardedModel load_sharded_model(const ModelConfig& c, const std::string& dir, co
       });
 
   auto group = std::make_unique<RankGroup>();
+  group->process_comm = o.process_comm;
+  group->first_rank = first;
+  if (o.process_comm && first == 0) group->remote = make_process_ranks(*o.process_comm, *backends[0]);
   group->comms = std::move(comms);
-  for (int r = 1; r < world; ++r) {
+  for (int r = 1; r < local; ++r) {
     group->backends.push_back(std::move(backends[static_cast<size_t>(r)]));
     group->peers.push_back(std::move(models[static_cast<size_t>(r)]));
   }

@@ -17,12 +17,19 @@ namespace kiln::dist {
 
 struct ShardedModelOptions {
   ParallelConfig parallel;
-  // Rank r's backend, made on rank r's thread (after thread_init(r), which may choose its GPU).
-  std::function<std::unique_ptr<ops::Backend>(int rank)> make_backend;
-  std::function<void(int rank)> thread_init;
-  // Rank r's communicator, made on rank r's thread after its backend, concurrently on every rank
-  // (NCCL's init is a collective), over `host` (a thread group that can carry the NCCL id). Null:
-  // the thread group itself (host memory: the CPU backend).
+  // A multi-process run: this process drives ranks first_rank .. first_rank + local_ranks - 1 of
+  // parallel.world_size (local_ranks 0: all of them), and process_comm joins it to the others'
+  // processes (rank 0's process then sends them every pool and step: dist/process_ranks.h).
+  int first_rank = 0, local_ranks = 0;
+  std::shared_ptr<Communicator> process_comm;
+  // The backend of this process's i-th rank, made on that rank's thread (after thread_init(i),
+  // which may choose its GPU).
+  std::function<std::unique_ptr<ops::Backend>(int local)> make_backend;
+  std::function<void(int local)> thread_init;
+  // The communicator of rank `rank` (of the whole group), made on its thread after its backend,
+  // concurrently on every local rank (NCCL's init is a collective), with `host` this process's
+  // thread group (which can carry the NCCL id). Null: the thread group itself (host memory: the
+  // CPU backend in one process).
   std::function<std::unique_ptr<Communicator>(int rank, Communicator& host, ops::Backend& backend)> make_comm;
   bool random_weights = false;  // random slices of the checkpoint's shapes (`dir` may be empty)
   uint64_t seed = 0;
