@@ -201,6 +201,7 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
     o.local_ranks = local;
     if (cuda) {
       nccl_id = dist::share_nccl_id(*o.process_comm);  // one id for every rank of every process
+      o.watch_process_peers = true;
     } else if (local == 1) {
       // One rank per process: the process group carries the model's collectives too.
       o.make_comm = [pc = o.process_comm](int, dist::Communicator&, ops::Backend&) {

@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "dist/process_ranks.h"
 #include "dist/sharded_weights.h"
+#include "dist/tcp_communicator.h"
 #include "dist/thread_communicator.h"
 #include "model/rank_group.h"
 
@@ -59,6 +60,14 @@ ShardedModel load_sharded_model(const ModelConfig& c, const std::string& dir, co
     group->peers.push_back(std::move(models[static_cast<size_t>(r)]));
   }
   group->workers = std::move(workers);
+  if (o.process_comm && o.watch_process_peers) {
+    std::vector<Communicator*> mine;
+    for (const auto& comm : group->comms) mine.push_back(comm.get());
+    group->peer_watch = watch_peers(*o.process_comm, [mine](int, const std::string& why) {
+      spdlog::error("{}: aborting this process's ranks", why);
+      for (Communicator* comm : mine) comm->abort(why);
+    });
+  }
   group->host_comms = std::move(host);
   ShardedModel out;
   out.backend = std::move(backends[0]);

@@ -22,6 +22,9 @@ struct ShardedModelOptions {
   // processes (rank 0's process then sends them every pool and step: dist/process_ranks.h).
   int first_rank = 0, local_ranks = 0;
   std::shared_ptr<Communicator> process_comm;
+  // Abort the ranks' communicators when another process's connection closes (watch_peers): for
+  // NCCL, whose kernels would wait for a dead process for ever. The CPU's TCP groups see it anyway.
+  bool watch_process_peers = false;
   // The backend of this process's i-th rank, made on that rank's thread (after thread_init(i),
   // which may choose its GPU).
   std::function<std::unique_ptr<ops::Backend>(int local)> make_backend;
