@@ -85,6 +85,10 @@ TEST(MultiProcessModel, ScoreMatchesOneProcess) {
   const RunResult ep = two_by_flags(args + " --tp 2 --enable-expert-parallel");
   ASSERT_EQ(ep.exit_code, 0) << ep.out;
   expect_near(logprobs(ep), want, "--nnodes 2 --tp 2 --enable-expert-parallel");
+  // Decode context parallelism: each process keeps every other token's latent row.
+  const RunResult dcp = two_by_flags(args + " --tp 2 --dcp 2");
+  ASSERT_EQ(dcp.exit_code, 0) << dcp.out;
+  expect_near(logprobs(dcp), want, "--nnodes 2 --tp 2 --dcp 2");
 
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun (scripts/setup.sh installs openmpi-bin)";
   const RunResult mpi = two_by_mpirun(args + " --tp 2");
