@@ -124,6 +124,17 @@ TEST(MultiProcessModel, GenerateGivesOneProcessesTokens) {
   EXPECT_EQ(mpi.out.find("output_ids"), mpi.out.rfind("output_ids")) << mpi.out;
 }
 
+// `kiln bench model` (random weights, the engine at several batch sizes) over two processes: it
+// runs to the end, rank 0 prints the table once and every process exits 0.
+TEST(MultiProcessModel, BenchModelRunsOverTwoProcesses) {
+  const RunResult r =
+      two_by_flags("bench model --config " + fixture() +
+                   "/config.json --random-weights --prompt-len 8 --decode-steps 4 --batch-sizes 1,3 --tp 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("kiln bench model:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("kiln bench model:"), r.out.rfind("kiln bench model:")) << r.out;
+}
+
 // A long generation over two processes; one is killed once the run is under way and the other
 // must end with an error naming it (`timeout 30` turns a hang into exit code 124, a failure).
 TEST(MultiProcessModel, KillingARankMidRunEndsTheOtherNamingIt) {
