@@ -4,6 +4,8 @@
 
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -199,6 +201,15 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
     spdlog::info("process {}: the group of {} processes formed", launch.node_rank, procs);
     o.first_rank = first;
     o.local_ranks = local;
+    if (launch.node_rank == 0)
+      o.on_peer_lost = [](int, const std::string& why) {
+        // A serving rank 0 may sit idle while a worker dies: end the run rather than keep a front
+        // end whose every step would fail. (A step in flight fails first, with its own message.)
+        spdlog::error("{}: the model cannot run without it; exiting", why);
+        std::fprintf(stderr, "kiln: error: %s\n", why.c_str());
+        std::fflush(nullptr);
+        std::_Exit(1);
+      };
     if (cuda) {
       nccl_id = dist::share_nccl_id(*o.process_comm);  // one id for every rank of every process
       o.watch_process_peers = true;

@@ -63,11 +63,13 @@ ShardedModel load_sharded_model(const ModelConfig& c, const std::string& dir, co
   if (o.process_comm && o.watch_process_peers) {
     std::vector<Communicator*> mine;
     for (const auto& comm : group->comms) mine.push_back(comm.get());
-    group->peer_watch = watch_peers(*o.process_comm, [mine](int, const std::string& why) {
+    group->peer_watches.push_back(watch_peers(*o.process_comm, [mine](int, const std::string& why) {
       spdlog::error("{}: aborting this process's ranks", why);
       for (Communicator* comm : mine) comm->abort(why);
-    });
+    }));
   }
+  if (o.process_comm && o.on_peer_lost)
+    group->peer_watches.push_back(watch_peers(*o.process_comm, o.on_peer_lost, 2.0));
   group->host_comms = std::move(host);
   ShardedModel out;
   out.backend = std::move(backends[0]);

@@ -25,6 +25,9 @@ struct ShardedModelOptions {
   // Abort the ranks' communicators when another process's connection closes (watch_peers): for
   // NCCL, whose kernels would wait for a dead process for ever. The CPU's TCP groups see it anyway.
   bool watch_process_peers = false;
+  // Called (from a watch thread) when another process's connection has closed and this run has
+  // not ended within 2 s on its own: how an idle rank 0 ends a run that can take no more steps.
+  std::function<void(int rank, const std::string& why)> on_peer_lost;
   // The backend of this process's i-th rank, made on that rank's thread (after thread_init(i),
   // which may choose its GPU).
   std::function<std::unique_ptr<ops::Backend>(int local)> make_backend;

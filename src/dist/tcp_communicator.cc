@@ -317,8 +317,8 @@ class TcpCommunicator final : public Communicator {
 // collectives read stays in the socket, plus a pipe that ends the watch.
 class PeerWatch {
  public:
-  PeerWatch(std::vector<std::pair<int, Fd>> peers, std::function<void(int, const std::string&)> lost)
-      : peers_(std::move(peers)), lost_(std::move(lost)) {
+  PeerWatch(std::vector<std::pair<int, Fd>> peers, std::function<void(int, const std::string&)> lost, double grace_s)
+      : peers_(std::move(peers)), lost_(std::move(lost)), grace_s_(grace_s) {
     int fds[2];
     KILN_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "tcp communicator: cannot create the peer watch's pipe");
     stop_read_ = Fd(fds[0]);
@@ -344,6 +344,13 @@ class PeerWatch {
       if (fds.back().revents != 0) return;
       for (size_t i = 0; i + 1 < fds.size(); ++i)
         if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+          if (grace_s_ > 0) {
+            pollfd stop{stop_read_.get(), POLLIN, 0};
+            int n;
+            do n = ::poll(&stop, 1, static_cast<int>(grace_s_ * 1000));
+            while (n < 0 && errno == EINTR);
+            if (n != 0) return;  // ended within the grace period
+          }
           const int r = peers_[i].first;
           lost_(r, fmt::format("rank {} exited or was killed (its connection closed)", r));
           return;
@@ -353,6 +360,7 @@ class PeerWatch {
 
   std::vector<std::pair<int, Fd>> peers_;
   std::function<void(int, const std::string&)> lost_;
+  double grace_s_;
   Fd stop_read_, stop_write_;
   std::thread thread_;
 };
@@ -363,10 +371,11 @@ std::unique_ptr<Communicator> connect_tcp(const TcpOptions& opts) {
   return std::make_unique<TcpCommunicator>(opts, rendezvous(opts));
 }
 
-std::shared_ptr<void> watch_peers(Communicator& tcp, std::function<void(int, const std::string&)> lost) {
+std::shared_ptr<void> watch_peers(Communicator& tcp, std::function<void(int, const std::string&)> lost,
+                                  double grace_s) {
   auto* c = dynamic_cast<TcpCommunicator*>(&tcp);
   KILN_CHECK(c, "internal: watch_peers needs a TCP communicator, not a {} one", tcp.kind());
-  return std::make_shared<PeerWatch>(c->dup_peers(), std::move(lost));
+  return std::make_shared<PeerWatch>(c->dup_peers(), std::move(lost), grace_s);
 }
 
 }  // namespace kiln::dist

@@ -75,8 +75,9 @@ struct RankGroup {
   std::vector<std::unique_ptr<ops::Backend>> backends;          // [world - 1]: ranks 1..
   std::vector<std::unique_ptr<DeepseekV3Model>> peers;          // [world - 1]: ranks 1..
   std::unique_ptr<RankWorkers> workers;
-  // Multi-process GPU runs: the watch that aborts `comms` when another process goes (first to end).
-  std::shared_ptr<void> peer_watch;
+  // Multi-process runs: the watches on the other processes (dist/tcp_communicator.h's
+  // watch_peers), ended first, before rank 0 tells the others to stop.
+  std::vector<std::shared_ptr<void>> peer_watches;
 
   // The ranks this process drives (all of them in a one-process run).
   int world_size() const { return static_cast<int>(comms.size()); }
