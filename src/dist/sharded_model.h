@@ -1,7 +1,9 @@
-// A DeepseekV3Model split over ranks in one process (DESIGN.md §7): one backend, communicator
-// and worker thread per rank, each rank's weights read from the checkpoint as its slices. The
-// returned model is rank 0 and owns the others; the engine and the CLI use it exactly as a
-// one-device model (every step runs on every rank, rank 0's logits come back).
+// A DeepseekV3Model split over ranks (DESIGN.md §7): one backend, communicator and worker thread
+// per rank of this process, each rank's weights read from the checkpoint as its slices. The
+// returned model is this process's first rank and owns the others; in rank 0's process the engine
+// and the CLI use it exactly as a one-device model (every step runs on every rank, rank 0's logits
+// come back). Over several processes each loads its own ranks, and rank 0's model sends the others
+// its pools and steps (dist/process_ranks.h).
 #pragma once
 
 #include <functional>

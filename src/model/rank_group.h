@@ -2,7 +2,9 @@
 // GPU, SPMD over the same ForwardBatch). Rank 0 is the DeepseekV3Model the engine holds; it owns
 // this group, which holds ranks 1..N-1 (their backends and models), every rank's communicator and
 // the worker threads that run them. A step runs on every rank at once, rank 0 on the caller's
-// thread, and returns when all have finished.
+// thread, and returns when all have finished. Over several processes each process's first rank
+// holds the group of its own ranks, and rank 0's group also tells the other processes each pool
+// and step (RemoteRanks).
 #pragma once
 
 #include <condition_variable>

@@ -85,6 +85,10 @@ TEST(MultiProcessModel, ScoreMatchesOneProcess) {
   const RunResult ep = two_by_flags(args + " --tp 2 --enable-expert-parallel");
   ASSERT_EQ(ep.exit_code, 0) << ep.out;
   expect_near(logprobs(ep), want, "--nnodes 2 --tp 2 --enable-expert-parallel");
+  // Two ranks per process: threads inside each, a TCP group of all four ranks between them.
+  const RunResult four = two_by_flags(args + " --tp 4");
+  ASSERT_EQ(four.exit_code, 0) << four.out;
+  expect_near(logprobs(four), want, "--nnodes 2 --tp 4");
   // Decode context parallelism: each process keeps every other token's latent row.
   const RunResult dcp = two_by_flags(args + " --tp 2 --dcp 2");
   ASSERT_EQ(dcp.exit_code, 0) << dcp.out;
