@@ -4,13 +4,19 @@
 
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/nccl_communicator.h"
 #include "dist/nccl_rank_comm.h"
+#include "dist/process_ranks.h"
 #include "dist/sharded_model.h"
+#include "dist/tcp_communicator.h"
 
 namespace kiln::cli {
 
@@ -150,29 +156,108 @@ void add_parallel_options(CLI::App& sub, Parallel& p) {
                  "decode context parallelism: each sequence's latent KV split by token over the ranks (for now "
                  "equal to --tp, CPU backend)")
       ->capture_default_str();
+  sub.add_option("--nnodes", p.launch.nnodes,
+                 "processes the --tp ranks span, one per node (default: what mpirun, srun or torchrun started)");
+  sub.add_option("--node-rank", p.launch.node_rank, "this process's rank among them, 0..nnodes-1 (0 schedules)");
+  sub.add_option("--dist-init-addr", p.launch.init_addr,
+                 "rank 0's rendezvous address host:port (default: MASTER_ADDR and MASTER_PORT)");
+  sub.add_option("--dist-timeout", p.dist_timeout_s, "seconds the processes wait for one another to start")
+      ->capture_default_str();
 }
 
 namespace {
 
-// --tp N > 1: N ranks in this process, rank 0 the model the caller holds. Empty dir: random weights.
+bool split(const Parallel& p) {
+  return p.tp != 1 || p.expert_parallel || p.dcp != 1;
+}
+
+// The processes the run spans: one unless a launcher started several or the flags say so. Looked
+// up only for a split model or when a launch flag is given, so that a stray RANK in a one-device
+// run's environment changes nothing.
+dist::LaunchInfo processes(const Parallel& p) {
+  const bool flags = p.launch.nnodes > 0 || p.launch.node_rank >= 0 || !p.launch.init_addr.empty();
+  if (!split(p) && !flags) return {};
+  const dist::LaunchInfo info = dist::resolve_launch(p.launch, dist::process_environment());
+  KILN_CHECK(info.nnodes == 1 || split(p),
+             "{} processes ({}) with --tp 1: a run over several processes splits the model; give --tp {} or more",
+             info.nnodes, info.launcher == "flags" ? "--nnodes" : info.launcher, info.nnodes);
+  KILN_CHECK(p.tp % info.nnodes == 0,
+             "--tp {} over {} processes ({}): every process drives the same number of ranks, so --tp must be a "
+             "multiple of the process count",
+             p.tp, info.nnodes, info.launcher == "flags" ? "--nnodes" : info.launcher);
+  KILN_CHECK(p.dist_timeout_s > 0, "--dist-timeout must be positive, got {}", p.dist_timeout_s);
+  return info;
+}
+
+// --tp N > 1: N ranks, rank 0 the model the caller holds; with several processes this one's
+// share of them (in every process but rank 0's, the worker loop runs here and ends the command
+// with WorkerDone). Empty dir: random weights.
 LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::string& device,
                        const Parallel& parallel, uint64_t seed) {
   KILN_CHECK(parallel.tp >= 1 && parallel.tp <= 1024, "--tp must be 1 to 1024, got {}", parallel.tp);
+  const dist::LaunchInfo launch = processes(parallel);
   const bool cuda = make_backend(device)->device() == Device::CUDA;  // resolves "auto" the same way
+  const int procs = launch.nnodes, local = parallel.tp / procs, first = launch.node_rank * local;
   dist::ShardedModelOptions o;
   o.parallel.world_size = o.parallel.tp = parallel.tp;
   o.parallel.ep = parallel.expert_parallel ? parallel.tp : 1;
   o.parallel.dcp = parallel.dcp;
   o.make_backend = [device](int) { return make_backend(device); };
-  if (cuda) {  // one GPU per rank, NCCL between them
-    o.thread_init = [](int rank) { ops::set_cuda_device(rank); };
-    o.make_comm = [world = parallel.tp](int rank, dist::Communicator& host, ops::Backend& be) {
-      return dist::make_nccl_rank_comm(rank, world, host, be);
-    };
+  std::optional<dist::NcclId> nccl_id;
+  if (procs > 1) {
+    spdlog::info("{}: ranks {}..{} of {}", dist::describe(launch), first, first + local - 1, parallel.tp);
+    dist::TcpOptions to = dist::tcp_options(launch, parallel.dist_timeout_s);
+    o.process_comm = dist::connect_tcp(to);
+    spdlog::info("process {}: the group of {} processes formed", launch.node_rank, procs);
+    o.first_rank = first;
+    o.local_ranks = local;
+    if (launch.node_rank == 0)
+      o.on_peer_lost = [](int, const std::string& why) {
+        // A serving rank 0 may sit idle while a worker dies: end the run rather than keep a front
+        // end whose every step would fail. (A step in flight fails first, with its own message.)
+        spdlog::error("{}: the model cannot run without it; exiting", why);
+        std::fprintf(stderr, "kiln: error: %s\n", why.c_str());
+        std::fflush(nullptr);
+        std::_Exit(1);
+      };
+    if (cuda) {
+      nccl_id = dist::share_nccl_id(*o.process_comm);  // one id for every rank of every process
+      o.watch_process_peers = true;
+    } else if (local == 1) {
+      // One rank per process: the process group carries the model's collectives too.
+      o.make_comm = [pc = o.process_comm](int, dist::Communicator&, ops::Backend&) {
+        return dist::borrow_communicator(*pc);
+      };
+    } else {
+      // Several ranks per process on the CPU: a TCP group of every rank, on the next port.
+      to.world_size = parallel.tp;
+      to.port += 1;
+      o.make_comm = [to](int rank, dist::Communicator&, ops::Backend&) {
+        dist::TcpOptions mine = to;
+        mine.rank = rank;
+        return dist::connect_tcp(mine);
+      };
+    }
+  }
+  if (cuda) {                                    // one GPU per rank, NCCL between them
+    const int base = launch.local_rank * local;  // GPUs of the processes before this one on its machine
+    o.thread_init = [base](int i) { ops::set_cuda_device(base + i); };
+    if (nccl_id)
+      o.make_comm = [world = parallel.tp, id = *nccl_id, base, first](int rank, dist::Communicator&, ops::Backend& be) {
+        return dist::make_nccl_rank_comm(rank, world, id, base + rank - first, be);
+      };
+    else
+      o.make_comm = [world = parallel.tp](int rank, dist::Communicator& host, ops::Backend& be) {
+        return dist::make_nccl_rank_comm(rank, world, host, be);
+      };
   }
   o.random_weights = dir.empty();
   o.seed = seed;
   dist::ShardedModel s = dist::load_sharded_model(c, dir, o);
+  if (procs > 1 && launch.node_rank != 0) {
+    dist::run_rank_worker(*s.model, *o.process_comm);
+    throw WorkerDone{};
+  }
   return {std::move(s.backend), std::move(s.model)};
 }
 
@@ -180,7 +265,7 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
 
 LoadedModel random_model(const ModelConfig& config, const std::string& device, uint64_t seed, const Parallel& parallel,
                          WeightQuant quant) {
-  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
+  if (split(parallel) || processes(parallel).nnodes > 1) {
     KILN_CHECK(quant == WeightQuant::None,
                "quantized random weights (--weight-dtype) are not built for a split model yet (--tp {})", parallel.tp);
     return load_split(config, "", device, parallel, seed);
@@ -208,7 +293,7 @@ LoadedModel load_model(const std::string& dir, const std::string& device, const 
              "--kv-cache-dtype fp8_e4m3: the CUDA kernels for the FP8 latent KV cache are not built yet (the CPU "
              "backend runs it: --device cpu); use --kv-cache-dtype bf16 or f32 on the GPU");
   LoadedModel m;
-  if (parallel.tp != 1 || parallel.expert_parallel || parallel.dcp != 1) {
+  if (split(parallel) || processes(parallel).nnodes > 1) {
     // The ranks' slices are read plain (an FP8 checkpoint's slices dequantized at load).
     KILN_CHECK(quant == WeightQuant::None, "--quantization {} is not built for a split model yet (--tp {})",
                precision.quantization, parallel.tp);

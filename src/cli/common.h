@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/launch.h"
 #include "model/deepseek_v3.h"
 #include "ops/backend.h"
 
@@ -44,14 +45,23 @@ std::optional<DType> parse_kv_cache_dtype(const std::string& s);
 // Checks the flags (a clear error naming the bad one) and sets them on the backend and model.
 void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model& model);
 
-// How a run splits the model over devices (DESIGN.md §7): --tp N ranks in this process, one
-// backend and thread each (CPU: a thread communicator; CUDA: one GPU per rank over NCCL), and
+// How a run splits the model over devices (DESIGN.md §7): --tp N ranks, one backend and thread
+// each (CPU: a thread communicator; CUDA: one GPU per rank over NCCL), and
 // --enable-expert-parallel for whole routed experts per rank instead of a slice of every expert.
+// The ranks may span processes (one per node, started by mpirun, srun or --nnodes/--node-rank):
+// each drives tp / processes of them, over TCP (CPU) or NCCL (CUDA) between processes.
 struct Parallel {
   int tp = 1;
   bool expert_parallel = false;
   int dcp = 1;  // decode context parallelism (so far --dcp equal to --tp, CPU backend)
+  dist::LaunchFlags launch;
+  double dist_timeout_s = 300;  // how long the processes wait for one another to start
 };
+
+// Thrown in every process but rank 0's of a multi-process run once rank 0 has ended the run: the
+// process followed rank 0's steps inside load_model and has nothing of its own to print or serve.
+// main() ends the process with exit code 0 on it.
+struct WorkerDone {};
 void add_parallel_options(CLI::App& sub, Parallel& p);
 // --quantization: none or fp8 (an error naming the flag otherwise).
 WeightQuant parse_quantization(const std::string& s);

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
   kiln::set_log_level(log_level);
   try {
     return action ? action() : 0;
+  } catch (const kiln::cli::WorkerDone&) {
+    return 0;  // a multi-process run's other rank: rank 0 finished
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "kiln: error: %s\n", e.what());
     return 1;

@@ -46,11 +46,15 @@ class BackendOrderedComm : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_rank_comm(int rank, int world_size, Communicator& host, ops::Backend& backend) {
-  const NcclId id = share_nccl_id(host);
+  return make_nccl_rank_comm(rank, world_size, share_nccl_id(host), rank, backend);
+}
+
+std::unique_ptr<Communicator> make_nccl_rank_comm(int rank, int world_size, const NcclId& id, int device,
+                                                  ops::Backend& backend) {
   NcclOptions o;
   o.rank = rank;
   o.world_size = world_size;
-  o.device = rank;
+  o.device = device;
   return std::make_unique<BackendOrderedComm>(connect_nccl(o, id), backend);
 }
 

@@ -6,6 +6,8 @@
 // stream is the speed-up that follows.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 
 #include "dist/communicator.h"
@@ -14,5 +16,11 @@
 namespace kiln::dist {
 
 std::unique_ptr<Communicator> make_nccl_rank_comm(int rank, int world_size, Communicator& host, ops::Backend& backend);
+
+// The same with the NCCL id already shared (a multi-process run shares it once per process over the
+// process group, dist/nccl_id_share.cc) and rank `rank` on CUDA device `device` of its machine.
+// `id` is share_nccl_id's NcclId (128 bytes).
+std::unique_ptr<Communicator> make_nccl_rank_comm(int rank, int world_size, const std::array<uint8_t, 128>& id,
+                                                  int device, ops::Backend& backend);
 
 }  // namespace kiln::dist

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -88,6 +90,16 @@ class TcpCommunicator final : public Communicator {
   }
 
   void barrier() override { run(call(WireOp::Barrier, 0, DType::U8), nullptr, 0, nullptr, 0); }
+
+  // Copies of the live connections' descriptors (rank, fd) for watch_peers: a copy keeps the
+  // socket valid however the group ends, and shutdown() below still sends the FIN it watches for.
+  std::vector<std::pair<int, Fd>> dup_peers() {
+    std::lock_guard lock(send_mu_);
+    std::vector<std::pair<int, Fd>> out;
+    for (size_t r = 0; r < peers_.size(); ++r)
+      if (peers_[r].valid()) out.emplace_back(static_cast<int>(r), Fd(::fcntl(peers_[r].get(), F_DUPFD_CLOEXEC, 0)));
+    return out;
+  }
 
   void abort(const std::string& reason) override {
     std::lock_guard lock(send_mu_);
@@ -301,10 +313,69 @@ class TcpCommunicator final : public Communicator {
   std::optional<std::string> aborted_;
 };
 
+// watch_peers' thread: polls the peers' sockets for hang-up only (POLLRDHUP), so the data the
+// collectives read stays in the socket, plus a pipe that ends the watch.
+class PeerWatch {
+ public:
+  PeerWatch(std::vector<std::pair<int, Fd>> peers, std::function<void(int, const std::string&)> lost, double grace_s)
+      : peers_(std::move(peers)), lost_(std::move(lost)), grace_s_(grace_s) {
+    int fds[2];
+    KILN_CHECK(::pipe2(fds, O_CLOEXEC) == 0, "tcp communicator: cannot create the peer watch's pipe");
+    stop_read_ = Fd(fds[0]);
+    stop_write_ = Fd(fds[1]);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~PeerWatch() {
+    const char byte = 1;
+    [[maybe_unused]] const ssize_t n = ::write(stop_write_.get(), &byte, 1);
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    std::vector<pollfd> fds;
+    for (const auto& [rank, fd] : peers_) fds.push_back({fd.get(), POLLRDHUP, 0});
+    fds.push_back({stop_read_.get(), POLLIN, 0});
+    for (;;) {
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds.back().revents != 0) return;
+      for (size_t i = 0; i + 1 < fds.size(); ++i)
+        if (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+          if (grace_s_ > 0) {
+            pollfd stop{stop_read_.get(), POLLIN, 0};
+            int n;
+            do n = ::poll(&stop, 1, static_cast<int>(grace_s_ * 1000));
+            while (n < 0 && errno == EINTR);
+            if (n != 0) return;  // ended within the grace period
+          }
+          const int r = peers_[i].first;
+          lost_(r, fmt::format("rank {} exited or was killed (its connection closed)", r));
+          return;
+        }
+    }
+  }
+
+  std::vector<std::pair<int, Fd>> peers_;
+  std::function<void(int, const std::string&)> lost_;
+  double grace_s_;
+  Fd stop_read_, stop_write_;
+  std::thread thread_;
+};
+
 }  // namespace
 
 std::unique_ptr<Communicator> connect_tcp(const TcpOptions& opts) {
   return std::make_unique<TcpCommunicator>(opts, rendezvous(opts));
+}
+
+std::shared_ptr<void> watch_peers(Communicator& tcp, std::function<void(int, const std::string&)> lost,
+                                  double grace_s) {
+  auto* c = dynamic_cast<TcpCommunicator*>(&tcp);
+  KILN_CHECK(c, "internal: watch_peers needs a TCP communicator, not a {} one", tcp.kind());
+  return std::make_shared<PeerWatch>(c->dup_peers(), std::move(lost), grace_s);
 }
 
 }  // namespace kiln::dist

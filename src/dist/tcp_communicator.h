@@ -10,6 +10,7 @@
 // caught by TCP keepalive; op_timeout_s bounds how long any rank waits for a peer in a collective.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,5 +31,15 @@ struct TcpOptions {
 // Runs the rendezvous and returns rank `opts.rank`'s communicator; throws a kiln::Error naming the
 // missing or faulty rank when the group cannot be formed.
 std::unique_ptr<Communicator> connect_tcp(const TcpOptions& opts);
+
+// Watches the connections of `tcp` (a connect_tcp communicator) from a thread of its own, without
+// reading them, and calls lost(rank, why) once when a peer's connection closes or fails: for a
+// group whose tensors go over NCCL, where a dead process leaves kernels waiting for ever and
+// nothing reads the TCP sockets mid-step (`lost` aborts them), and for an idle rank 0 that would
+// otherwise learn of it only at its next step. With grace_s > 0 it waits that long after the
+// loss first, and calls nothing if the handle goes meanwhile (the run ended on its own, with its
+// own message). The watch ends with the handle, which must go before `tcp` does.
+std::shared_ptr<void> watch_peers(Communicator& tcp, std::function<void(int rank, const std::string& why)> lost,
+                                  double grace_s = 0);
 
 }  // namespace kiln::dist

@@ -71,6 +71,7 @@ LatentKvPool DeepseekV3Model::new_pool(int64_t num_blocks, int64_t block_size) c
   if (group_) {
     p.peers = std::make_shared<std::vector<LatentKvPool>>();
     for (auto& peer : group_->peers) p.peers->push_back(peer->new_pool(num_blocks, block_size));
+    if (group_->remote) p.remote = group_->remote->new_pool(p);
   }
   return p;
 }
@@ -138,7 +139,10 @@ void DeepseekV3Model::disable_decode_graphs(const LatentKvPool* pool) {
 }
 
 void DeepseekV3Model::attach_group(std::unique_ptr<RankGroup> group) {
-  KILN_CHECK(shard_.rank == 0 && group && group->world_size() == shard_.world,
+  // One process drives ranks first_rank.. of the group; rank 0's process alone has every rank
+  // unless the others are remote.
+  KILN_CHECK(group && shard_.rank == group->first_rank && group->first_rank + group->world_size() <= shard_.world &&
+                 (group->first_rank > 0 || group->remote || group->world_size() == shard_.world),
              "internal: a rank group of {} ranks for rank {} of {}", group ? group->world_size() : 0, shard_.rank,
              shard_.world);
   group_ = std::move(group);
@@ -189,6 +193,7 @@ Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& 
   KILN_CHECK(pool.peers && pool.peers->size() == group_->peers.size(),
              "a KV pool of a split model must come from its new_pool (one pool per rank)");
   check_batch(batch, pool);
+  if (group_->remote) group_->remote->step(batch, pool, static_cast<int>(form));
   Tensor out;
   group_->run([&](int r) {
     if (r == 0)

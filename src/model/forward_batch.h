@@ -44,6 +44,8 @@ struct LatentKvPool {
   // A split model's pool is rank 0's; ranks 1..N-1 keep their own copies of the latent rows (the
   // latent KV is replicated over TP ranks), one pool each, on their own devices.
   std::shared_ptr<std::vector<LatentKvPool>> peers;
+  // A multi-process run's pool on rank 0: the id the other processes' copies go by (RemoteRanks).
+  std::shared_ptr<const int64_t> remote;
 
   int64_t num_slots() const { return num_blocks * block_size; }
 };

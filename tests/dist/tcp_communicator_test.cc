@@ -5,6 +5,9 @@
 
 #include <signal.h>
 
+#include <condition_variable>
+#include <mutex>
+
 #include "child_process.h"
 #include "collective_expect.h"
 #include "core/error.h"
@@ -98,6 +101,57 @@ TEST(TcpCommunicator, KilledRankZeroIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("all_reduce #1: rank 0 exited or was killed"), std::string::npos) << e.what();
   }
+}
+
+// watch_peers (what aborts NCCL when a process dies mid-step): it names a peer whose process is
+// killed while nobody reads the sockets, on rank 0 and on another rank; data the peers send stays
+// for the collectives; a watch that ends first calls nothing.
+TEST(TcpCommunicator, PeerWatchNamesAKilledProcessWithoutReading) {
+  for (int watcher : {0, 1}) {
+    const int port = free_port();
+    Child other = spawn_child([&] {
+      auto c = dist::connect_tcp(options(1 - watcher, 2, port));
+      float x = 2;
+      c->all_reduce(&x, &x, 1, DType::F32);
+      pause();
+    });
+    auto comm = dist::connect_tcp(options(watcher, 2, port));
+    std::mutex mu;
+    std::condition_variable cv;
+    std::string lost;
+    auto watch = dist::watch_peers(*comm, [&](int, const std::string& why) {
+      std::lock_guard lock(mu);
+      lost = why;
+      cv.notify_all();
+    });
+    float x = 1;
+    comm->all_reduce(&x, &x, 1, DType::F32);
+    EXPECT_EQ(x, 3.0f);
+    {
+      std::unique_lock lock(mu);
+      EXPECT_FALSE(cv.wait_for(lock, 200ms, [&] { return !lost.empty(); })) << lost;
+    }
+    kill_child(other);
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return !lost.empty(); })) << "watcher " << watcher;
+    EXPECT_EQ(lost, "rank " + std::to_string(1 - watcher) + " exited or was killed (its connection closed)");
+  }
+  // Ended before the peer goes: nothing is called.
+  const int port = free_port();
+  Child other = spawn_child([&] {
+    auto c = dist::connect_tcp(options(1, 2, port));
+    pause();
+  });
+  auto comm = dist::connect_tcp(options(0, 2, port));
+  bool called = false;
+  dist::watch_peers(*comm, [&](int, const std::string&) { called = true; }).reset();
+  // With a grace period: a watch that ends within it calls nothing either.
+  auto graced = dist::watch_peers(
+      *comm, [&](int, const std::string&) { called = true; }, 5.0);
+  kill_child(other);
+  std::this_thread::sleep_for(100ms);
+  graced.reset();
+  EXPECT_FALSE(called);
 }
 
 TEST(TcpCommunicator, RendezvousWithAMissingRankTimesOutOnEveryRank) {
