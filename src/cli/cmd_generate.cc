@@ -71,7 +71,7 @@ int run_generate(GenerateArgs a) {
     cfg.kv.num_blocks = kv::blocks_for(
         std::min(static_cast<int64_t>(req.prompt.size()) + a.max_tokens, m.model->config().max_position_embeddings),
         a.block_size);
-  cfg.speculator = make_speculator(a.speculative, *m.model);
+  cfg.speculator = make_speculator(a.speculative, a.model, *m.model);
   Engine engine(*m.model, cfg);
   const std::vector<int32_t> prompt = req.prompt;
   RequestStream stream = engine.submit(std::move(req));

@@ -117,7 +117,7 @@ int run_serve(ServeArgs a) {
     ec.kv.memory_bytes = int64_t{256} << 20;
   else
     ec.kv.memory_fraction = a.kv_fraction;
-  ec.speculator = make_speculator(a.speculative, *m.model);
+  ec.speculator = make_speculator(a.speculative, a.model, *m.model);
   Engine engine(*m.model, ec);
 
   if (a.served_name.empty()) a.served_name = std::filesystem::path(a.model).filename().string();
