@@ -94,6 +94,47 @@ TEST(MtpLayer, HiddenStateTapsLeaveTheLogitsAlone) {
   EXPECT_NE(alone[0], alone[static_cast<size_t>(target.config().hidden_size)]);  // layer 0 is not the final norm
 }
 
+TEST(MtpLayer, InputsFollowTheirRowsWhenTheBatchIsReordered) {
+  // A prompt-like sequence (expanded form) before a one-token one (absorbed): the model runs the
+  // absorbed one first, so each sequence's input rows must move with it.
+  DeepseekV3Model& target = *models().target;
+  MtpLayer layer(model_dir("kiln-tiny"), target.config(), target.backend());
+  const int64_t H = target.config().hidden_size;
+  std::vector<float> h(static_cast<size_t>(4 * H));
+  for (size_t i = 0; i < h.size(); ++i) h[i] = std::sin(0.37f * static_cast<float>(i));
+  auto run = [&](std::vector<int64_t> lens, std::vector<int32_t> tokens, std::span<const float> hs) {
+    ForwardBatch b;
+    b.cu_q.push_back(0);
+    int32_t block = 0;
+    for (int64_t len : lens) {
+      for (int64_t p = 0; p < len; ++p) {
+        b.positions.push_back(static_cast<int32_t>(p));
+        b.slot_mapping.push_back(block * 16 + static_cast<int32_t>(p));
+      }
+      b.cu_q.push_back(b.cu_q.back() + static_cast<int32_t>(len));
+      b.kv_lens.push_back(static_cast<int32_t>(len));
+      b.block_tables.push_back(block++);
+      b.logit_rows.push_back(b.cu_q.back() - 1);
+    }
+    b.tokens = std::move(tokens);
+    b.max_blocks = 1;
+    LatentKvPool pool = layer.new_pool(2, 16);
+    std::vector<float> normed;
+    return layer.forward(b, hs, pool, normed);
+  };
+  const std::span<const float> all(h);
+  const std::vector<float> both = run({3, 1}, {11, 12, 13, 14}, all);
+  const std::vector<float> first = run({3}, {11, 12, 13}, all.first(static_cast<size_t>(3 * H)));
+  const std::vector<float> second = run({1}, {14}, all.subspan(static_cast<size_t>(3 * H)));
+  // Equal up to the rounding of batched GEMMs; rows moved wrongly would differ by whole units.
+  const size_t V = static_cast<size_t>(target.config().vocab_size);
+  ASSERT_EQ(both.size(), 2 * V);
+  for (size_t i = 0; i < V; ++i) {
+    ASSERT_NEAR(both[i], first[i], 1e-4) << "logit " << i;
+    ASSERT_NEAR(both[V + i], second[i], 1e-4) << "logit " << i;
+  }
+}
+
 // Mean accepted length (tokens per verify) of the MTP layer at K over `prompts` greedy requests.
 double mean_accepted_length(int64_t k, int prompts, int64_t new_tokens) {
   std::ifstream f(model_dir("kiln-tiny") + "/heldout.json");
