@@ -29,4 +29,24 @@ inline EngineConfig mtp_config(const MtpSpec& s, int64_t block_size = 8, int64_t
   return c;
 }
 
+inline std::vector<int32_t> iota_rows(int64_t n) {
+  std::vector<int32_t> r(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  return r;
+}
+
+// One sequence from position 0 in a fresh pool: the batch of `tokens`.
+inline ForwardBatch one_sequence(const std::vector<int32_t>& tokens, int64_t blocks) {
+  ForwardBatch b;
+  const auto T = static_cast<int64_t>(tokens.size());
+  b.tokens = tokens;
+  b.cu_q = {0, static_cast<int32_t>(T)};
+  b.kv_lens = {static_cast<int32_t>(T)};
+  b.max_blocks = blocks;
+  b.block_tables = iota_rows(blocks);
+  b.positions = iota_rows(T);
+  b.slot_mapping = iota_rows(T);  // identity block table
+  return b;
+}
+
 }  // namespace kiln::spec
