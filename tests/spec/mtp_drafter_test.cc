@@ -91,6 +91,47 @@ TEST(MtpLayer, InputsFollowTheirRowsWhenTheBatchIsReordered) {
   }
 }
 
+// The target's final-norm hidden states of every position of `ctx` [n, hidden], as the engine hands them.
+std::vector<float> target_hidden(const std::vector<int32_t>& ctx) {
+  DeepseekV3Model& target = *models().target;
+  const auto n = static_cast<int64_t>(ctx.size());
+  ForwardBatch b = one_sequence(ctx, kv::blocks_for(n, 64));
+  b.hidden_rows = iota_rows(n);
+  b.hidden_taps = {kHiddenFinalNorm};
+  LatentKvPool pool = target.new_pool(b.max_blocks, 64);
+  target.forward_logits(b, pool);
+  std::vector<float> h(static_cast<size_t>(target.hidden_states().numel()));
+  target.backend().download(h.data(), target.hidden_states());
+  return h;
+}
+
+TEST(MtpDrafter, ACacheDroppedForRoomIsRebuiltWithTheSameDrafts) {
+  // A pool with room for one sequence: drafting B drops A's cache and A's hidden states are gone,
+  // so drafting A again rebuilds them with the target; its drafts are the ones a roomy drafter makes.
+  DeepseekV3Model& target = *models().target;
+  const std::vector<int32_t> a = models().prompts[3], b = models().prompts[2];  // 32 and 23 tokens
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  auto draft = [&](MtpDrafter& d, int64_t id, const std::vector<int32_t>& ctx, bool hand_over) {
+    if (hand_over) d.accept_hidden(id, 0, static_cast<int64_t>(ctx.size()), target_hidden(ctx));
+    const DraftInput in{id, ctx, &greedy, 1, 0};
+    DraftOutput out;
+    d.propose(std::span<const DraftInput>(&in, 1), 3, out);
+    return out.tokens;
+  };
+  auto make = [&](int64_t blocks) {
+    return MtpDrafter(std::make_unique<MtpLayer>(model_dir("kiln-tiny"), target.config(), target.backend()), target,
+                      blocks, 8);
+  };
+  MtpDrafter roomy = make(64), tight = make(5);  // 40 tokens: A (32 + 3 - 2) or B, not both
+  const std::vector<int32_t> want = draft(roomy, 1, a, true);
+  EXPECT_EQ(draft(tight, 1, a, true), want);
+  draft(tight, 2, b, true);  // takes A's blocks
+  EXPECT_EQ(tight.rebuilt_positions(), 0);
+  EXPECT_EQ(draft(tight, 1, a, false), want);
+  EXPECT_EQ(tight.rebuilt_positions(), static_cast<int64_t>(a.size()) - 2) << "all but the last true row's";
+}
+
 std::vector<Request> mixed_requests() {
   std::vector<Request> reqs;
   for (size_t i = 0; i < models().prompts.size(); ++i) {
