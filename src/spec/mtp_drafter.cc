@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/sampling_rng.h"
+#include "spec/hidden_states.h"
 #include "spec/verifier.h"
 
 namespace kiln::spec {
@@ -132,50 +133,22 @@ void MtpDrafter::propose(std::span<const DraftInput> seqs, int64_t k, DraftOutpu
 
 void MtpDrafter::rebuild(std::span<const DraftInput> seqs, const std::vector<int64_t>& first,
                          const std::vector<int64_t>& last_missing, const std::vector<SeqState*>& st) {
-  // One target forward over every such sequence's prefix [0, last missing] in a scratch cache of
-  // its own (the engine's pool is never touched); the hidden states it lacks are kept.
-  const int64_t bs = pool_.block_size, H = layer_->config().hidden_size;
-  ForwardBatch b;
-  b.cu_q.push_back(0);
-  b.hidden_taps = {kHiddenFinalNorm};
-  std::vector<std::pair<size_t, int64_t>> wanted;  // (sequence, position) of each hidden row
-  std::vector<std::vector<int32_t>> tables;
-  int32_t blocks = 0;
+  const auto H = static_cast<size_t>(layer_->config().hidden_size);
+  std::vector<HiddenRecompute> want(seqs.size());
   for (size_t s = 0; s < seqs.size(); ++s) {
-    const int64_t len = last_missing[s] + 1;
-    if (len <= 0) continue;
-    std::vector<int32_t>& table = tables.emplace_back();
-    for (int64_t i = 0; i < kv::blocks_for(len, bs); ++i) table.push_back(blocks++);
-    for (int64_t p = 0; p < len; ++p) {
-      if (p >= first[s] && !st[s]->hidden.contains(p)) {
-        b.hidden_rows.push_back(static_cast<int32_t>(b.tokens.size()));
-        wanted.emplace_back(s, p);
-      }
-      b.tokens.push_back(seqs[s].context[static_cast<size_t>(p)]);
-      b.positions.push_back(static_cast<int32_t>(p));
-      b.slot_mapping.push_back(kv::slot_of(table, p, bs));
+    want[s].tokens = seqs[s].context;
+    for (int64_t p = first[s]; p <= last_missing[s]; ++p)
+      if (!st[s]->hidden.contains(p)) want[s].positions.push_back(p);
+  }
+  const std::vector<float> h = recompute_hidden(target_, want, hidden_taps(), pool_.block_size);  // [rows, H]
+  size_t row = 0;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t p : want[s].positions) {
+      const auto at = h.begin() + static_cast<std::ptrdiff_t>(row++ * H);
+      st[s]->hidden[p].assign(at, at + static_cast<std::ptrdiff_t>(H));
     }
-    b.cu_q.push_back(static_cast<int32_t>(b.tokens.size()));
-    b.kv_lens.push_back(static_cast<int32_t>(len));
-    b.max_blocks = std::max<int64_t>(b.max_blocks, static_cast<int64_t>(table.size()));
-  }
-  for (const auto& table : tables) {  // padded with block 0: past kv_len, never read
-    b.block_tables.insert(b.block_tables.end(), table.begin(), table.end());
-    b.block_tables.insert(b.block_tables.end(), static_cast<size_t>(b.max_blocks) - table.size(), 0);
-  }
-  b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));  // one row: no empty logits block
-  LatentKvPool scratch = target_.new_pool(blocks, bs);
-  target_.forward_logits(b, scratch);
-  const Tensor hs = target_.hidden_states();  // [rows, 1, H]
-  std::vector<float> host(static_cast<size_t>(hs.numel()));
-  target_.backend().download(host.data(), hs);
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    const auto [s, p] = wanted[i];
-    const auto at = host.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(H));
-    st[s]->hidden[p].assign(at, at + H);
-  }
-  rebuilt_ += static_cast<int64_t>(wanted.size());
-  spdlog::debug("MTP drafter: rebuilt {} hidden states with the target", wanted.size());
+  rebuilt_ += static_cast<int64_t>(row);
+  spdlog::debug("MTP drafter: rebuilt {} hidden states with the target", row);
 }
 
 void MtpDrafter::step_all(std::span<const DraftInput> seqs, const std::vector<SeqState*>& st,

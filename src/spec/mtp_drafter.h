@@ -53,8 +53,8 @@ class MtpDrafter : public Drafter {
   };
   void reserve(int64_t id, SeqState& st, int64_t tokens, std::span<const DraftInput> busy);
   void drop(SeqState& st);
-  // Runs the target over each sequence's prefix up to last_missing[s] (-1: none) and fills in the
-  // hidden states it lacks from first[s] on.
+  // Recomputes with the target (spec/hidden_states.h) the hidden states sequence s lacks in
+  // [first[s], last_missing[s]] (last_missing -1: none).
   void rebuild(std::span<const DraftInput> seqs, const std::vector<int64_t>& first,
                const std::vector<int64_t>& last_missing, const std::vector<SeqState*>& st);
   // The catch-up step (true rows from `first[s]`) then k - 1 chained steps, batched over sequences.
