@@ -150,7 +150,7 @@ int run_bench_model(const BenchModelArgs& a) {
   else  // exactly what the largest batch needs: no preemption, no waste
     cfg.kv.num_blocks = max_batch * kv::blocks_for(a.prompt_len + a.decode_steps, a.block_size);
   cfg.spec_policy = spec_policy_config(a.speculative);
-  cfg.speculator = make_speculator(a.speculative, *model);
+  cfg.speculator = make_speculator(a.speculative, a.model, *model);
   Engine engine(*model, cfg);
 
   std::mt19937_64 rng(a.seed);

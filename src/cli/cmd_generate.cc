@@ -72,7 +72,7 @@ int run_generate(GenerateArgs a) {
         std::min(static_cast<int64_t>(req.prompt.size()) + a.max_tokens, m.model->config().max_position_embeddings),
         a.block_size);
   cfg.spec_policy = spec_policy_config(a.speculative);
-  cfg.speculator = make_speculator(a.speculative, *m.model);
+  cfg.speculator = make_speculator(a.speculative, a.model, *m.model);
   Engine engine(*m.model, cfg);
   const std::vector<int32_t> prompt = req.prompt;
   RequestStream stream = engine.submit(std::move(req));

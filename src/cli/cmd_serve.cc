@@ -118,7 +118,7 @@ int run_serve(ServeArgs a) {
   else
     ec.kv.memory_fraction = a.kv_fraction;
   ec.spec_policy = spec_policy_config(a.speculative);
-  ec.speculator = make_speculator(a.speculative, *m.model);
+  ec.speculator = make_speculator(a.speculative, a.model, *m.model);
   Engine engine(*m.model, ec);
 
   if (a.served_name.empty()) a.served_name = std::filesystem::path(a.model).filename().string();

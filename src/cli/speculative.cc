@@ -8,9 +8,11 @@ namespace kiln::cli {
 
 void add_speculative_options(CLI::App& sub, SpeculativeFlags& f) {
   sub.add_option("--speculative-algorithm", f.algorithm,
-                 "speculative decoding: draft (a separate draft model, --speculative-model); mtp and dspark are "
-                 "not built yet");
-  sub.add_option("--speculative-model", f.model, "draft model checkpoint directory (same tokenizer as --model)");
+                 "speculative decoding: draft (a separate draft model, --speculative-model) or mtp / deepseek_mtp "
+                 "(the checkpoint's own NextN layer); dspark is not built yet");
+  sub.add_option("--speculative-model", f.model,
+                 "draft model checkpoint directory (same tokenizer as --model); for mtp, the checkpoint holding "
+                 "the MTP layer (default: --model)");
   sub.add_option("--speculative-num-tokens", f.num_tokens, "draft tokens verified per step (K)")->capture_default_str();
   sub.add_option("--speculative-policy", f.policy,
                  "fixed: every step verifies K drafts per row; adaptive: K per row from its running acceptance, "
@@ -38,32 +40,31 @@ void check_speculative_flags(const SpeculativeFlags& f) {
   parse_spec_policy_mode(f.policy);
   KILN_CHECK(f.probe_interval >= 1, "--speculative-probe-interval must be >= 1, got {}", f.probe_interval);
   if (f.algorithm.empty()) {
-    KILN_CHECK(f.model.empty(), "--speculative-model needs --speculative-algorithm draft");
+    KILN_CHECK(f.model.empty(), "--speculative-model needs --speculative-algorithm draft or mtp");
     return;
   }
-  KILN_CHECK(f.algorithm != "mtp" && f.algorithm != "dspark",
-             "--speculative-algorithm {} is not built yet; only 'draft' (a separate draft model, --speculative-model "
-             "DIR) is",
+  KILN_CHECK(f.algorithm != "dspark", "--speculative-algorithm dspark is not built yet; 'draft' and 'mtp' are");
+  const bool mtp = f.algorithm == "mtp" || f.algorithm == "deepseek_mtp";
+  KILN_CHECK(f.algorithm == "draft" || mtp, "unknown --speculative-algorithm '{}' (draft, mtp or deepseek_mtp)",
              f.algorithm);
-  KILN_CHECK(f.algorithm == "draft", "unknown --speculative-algorithm '{}' (draft; mtp and dspark are not built yet)",
-             f.algorithm);
-  KILN_CHECK(!f.model.empty(), "--speculative-algorithm draft needs --speculative-model DIR");
+  KILN_CHECK(mtp || !f.model.empty(), "--speculative-algorithm draft needs --speculative-model DIR");
   KILN_CHECK(f.num_tokens >= 1 && f.num_tokens <= 16, "--speculative-num-tokens must be in [1, 16], got {}",
              f.num_tokens);
 }
 
-std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const DeepseekV3Model& target) {
+std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const std::string& target_dir,
+                                            DeepseekV3Model& target) {
   check_speculative_flags(f);
   if (f.algorithm.empty()) return nullptr;
-  return spec::make_speculator(f.algorithm, f.model, f.num_tokens, target);
+  return spec::make_speculator(f.algorithm, f.model.empty() ? target_dir : f.model, f.num_tokens, target);
 }
 
 std::vector<std::pair<std::string, std::string>> with_speculation(std::vector<std::pair<std::string, std::string>> plan,
                                                                   const Speculator* s) {
   if (!s) return plan;
   const std::pair<std::string, std::string> extra[] = {
-      {"spec_draft", fmt::format("{}: the draft model's forward (the ops above), K={} steps batched over sequences",
-                                 s->name(), s->num_draft_tokens())},
+      {"spec_draft", fmt::format("{}: the {}'s forward (the ops above), K={} steps batched over sequences", s->name(),
+                                 std::string(s->name()) == "mtp" ? "MTP layer" : "draft model", s->num_draft_tokens())},
       {"spec_verify", "host: exact verifier (spec/verifier.cc) on the verify rows' downloaded logits"}};
   for (const auto& [op, impl] : extra) {
     spdlog::info("  {:<14} {}", op, impl);

@@ -12,8 +12,8 @@
 namespace kiln::cli {
 
 struct SpeculativeFlags {
-  std::string algorithm;   // empty: off; draft (mtp and dspark are refused: not built yet)
-  std::string model;       // --speculative-model: the draft checkpoint
+  std::string algorithm;   // empty: off; draft, mtp (deepseek_mtp); dspark is refused: not built yet
+  std::string model;       // --speculative-model: the draft checkpoint (mtp: the MTP layer's, default --model)
   int64_t num_tokens = 4;  // K
   // How many of the K drafts each step verifies (engine/spec_policy.h).
   std::string policy = "adaptive";  // fixed | adaptive
@@ -24,7 +24,9 @@ void add_speculative_options(CLI::App& sub, SpeculativeFlags& f);
 // The flags alone (before any model loads): a clear error naming the bad one.
 void check_speculative_flags(const SpeculativeFlags& f);
 // Null when speculation is off; a clear error naming the bad flag otherwise.
-std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const DeepseekV3Model& target);
+// `target_dir`: the target's checkpoint, where mtp finds its layer unless --speculative-model says.
+std::shared_ptr<Speculator> make_speculator(const SpeculativeFlags& f, const std::string& target_dir,
+                                            DeepseekV3Model& target);
 
 // The engine's policy settings from the flags.
 SpecPolicyConfig spec_policy_config(const SpeculativeFlags& f);

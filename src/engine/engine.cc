@@ -51,6 +51,7 @@ Engine::Engine(DeepseekV3Model& model, EngineConfig cfg) : model_(model), cfg_(s
     KILN_CHECK(k >= 1, "speculative decoding: the number of draft tokens must be >= 1, got {}", k);
     // Its cache holds at most what the pool does, plus each running sequence's drafts.
     cfg_.speculator->size_cache(plan_.tokens() + cfg_.scheduler.max_num_seqs * (k + 1));
+    runner_->set_hidden_taps(cfg_.speculator->hidden_taps());
     spec_.proposed_at.assign(static_cast<size_t>(k), 0);
     spec_.accepted_at.assign(static_cast<size_t>(k), 0);
     policy_ = std::make_unique<SpecPolicy>(cfg_.spec_policy, k);
@@ -332,8 +333,8 @@ void Engine::step_run(const SchedulerOutput& out) {
     spec_.draft_seconds += std::chrono::duration<double>(Clock::now() - t_draft).count();
   }
   const auto t0 = Clock::now();
-  std::vector<std::vector<float>> verify_logits;
-  const std::vector<SampleResult> results = runner_->run(out, &verify_logits);
+  std::vector<std::vector<float>> verify_logits, hidden;  // hidden: per scheduled row, for the drafter
+  const std::vector<SampleResult> results = runner_->run(out, &verify_logits, &hidden);
   std::vector<std::vector<int32_t>> emitted;
   if (!spec.empty()) emitted = cfg_.speculator->verify(spec, verify_logits);
   forward_seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -362,6 +363,10 @@ void Engine::step_run(const SchedulerOutput& out) {
     it.seq->tokens.insert(it.seq->tokens.end(), e.begin(), e.end() - 1);
   }
   scheduler_->computed(kept);
+  // The drafter reads the target's hidden states at the positions that stay (kept's num_tokens).
+  for (size_t i = 0; i < hidden.size(); ++i)
+    if (!hidden[i].empty())
+      cfg_.speculator->accept_hidden(kept.seqs[i].seq->id, kept.seqs[i].start, kept.seqs[i].num_tokens, hidden[i]);
   for (const ScheduledSeq& it : out.seqs)  // appended again below, where stop conditions are checked
     if (it.num_draft > 0) it.seq->tokens.resize(static_cast<size_t>(it.start + it.num_tokens));
   size_t r = 0;

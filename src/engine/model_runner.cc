@@ -71,6 +71,8 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out, const InFlight* prev
       b.slot_mapping.push_back(kv::slot_of(s.block_table, p, bs));
       b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
     }
+    if (!taps_.empty() && s.spec_tokens > 0)  // a speculating row: its drafter reads every row's hidden state
+      for (int32_t r = b.cu_q.back(); r < static_cast<int32_t>(b.tokens.size()); ++r) b.hidden_rows.push_back(r);
     const int64_t end = it.start + it.num_tokens + it.num_draft;
     b.cu_q.push_back(static_cast<int32_t>(b.tokens.size()));
     b.kv_lens.push_back(static_cast<int32_t>(end));
@@ -78,6 +80,7 @@ ForwardBatch ModelRunner::build(const SchedulerOutput& out, const InFlight* prev
     b.block_tables.insert(b.block_tables.end(), s.block_table.begin(), s.block_table.begin() + used);
     b.block_tables.insert(b.block_tables.end(), static_cast<size_t>(b.max_blocks - used), 0);
   }
+  if (!b.hidden_rows.empty()) b.hidden_taps = taps_;
   if (pending)
     b.prev_tokens = prev->samples.tokens();
   else
@@ -92,6 +95,7 @@ ModelRunner::InFlight ModelRunner::launch(const SchedulerOutput& out, const InFl
   InFlight step;
   step.start = be.mark();
   const ForwardBatch batch = build(out, prev);
+  KILN_CHECK(batch.hidden_rows.empty(), "internal: the overlapped loop got a speculating request");
   const Tensor logits = model_.forward_logits(batch, pool_, form_);  // [sampled rows, vocab] on the backend
   for (const ScheduledSeq& it : out.seqs)
     if (it.sample) step.sampled.push_back(it.seq);
@@ -110,12 +114,31 @@ std::vector<SampleResult> ModelRunner::collect(const InFlight& step) {
   return results;
 }
 
-std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out, std::vector<std::vector<float>>* verify) {
+std::vector<SampleResult> ModelRunner::run(const SchedulerOutput& out, std::vector<std::vector<float>>* verify,
+                                           std::vector<std::vector<float>>* hidden) {
   ops::Backend& be = model_.backend();
   const auto start = be.mark();
   const ForwardBatch batch = build(out);
   const Tensor logits = model_.forward_logits(batch, pool_, form_);  // [logit rows, vocab] on the backend
   const int64_t V = model_.config().vocab_size;
+  if (hidden) {  // the speculating sequences' rows, in batch order: [rows, taps, H] each
+    hidden->assign(out.seqs.size(), {});
+    if (!batch.hidden_rows.empty()) {
+      const Tensor h = model_.hidden_states();  // [hidden rows, taps, H]
+      std::vector<float> all(static_cast<size_t>(h.numel()));
+      be.download(all.data(), h);
+      const int64_t per_row = h.shape[1] * h.shape[2];
+      size_t row = 0;
+      for (size_t i = 0; i < out.seqs.size(); ++i) {
+        const ScheduledSeq& it = out.seqs[i];
+        if (it.seq->spec_tokens == 0) continue;
+        const auto n = static_cast<size_t>((it.num_tokens + it.num_draft) * per_row);
+        (*hidden)[i].assign(all.begin() + static_cast<std::ptrdiff_t>(row),
+                            all.begin() + static_cast<std::ptrdiff_t>(row + n));
+        row += n;
+      }
+    }
+  }
 
   // Which sequence each logit row belongs to, and whether the row is its sampled one.
   std::vector<const Sequence*> row_seq;

@@ -23,8 +23,13 @@ class ModelRunner {
 
   // Runs one step; returns one result per scheduled sequence with `sample` set, in order. A row
   // with drafts (num_draft > 0) gets an empty result; its logits [1 + num_draft, vocab] are
-  // appended to `verify` instead, in order, for the speculator.
-  std::vector<SampleResult> run(const SchedulerOutput& out, std::vector<std::vector<float>>* verify = nullptr);
+  // appended to `verify` instead, in order, for the speculator. With hidden taps set, `hidden`
+  // gets one entry per scheduled sequence: for a speculating one, its rows' hidden states
+  // [num_tokens + num_draft, taps, hidden] on the host; empty for the others.
+  std::vector<SampleResult> run(const SchedulerOutput& out, std::vector<std::vector<float>>* verify = nullptr,
+                                std::vector<std::vector<float>>* hidden = nullptr);
+  // The target hidden states speculating sequences' rows hand their drafter (ForwardBatch::hidden_taps).
+  void set_hidden_taps(std::vector<int32_t> taps) { taps_ = std::move(taps); }
 
   // A step queued on the backend whose sampled tokens the host has not read yet (the overlapped
   // loop). Every sampled row of such a step is sampled on the backend, and no row wants its
@@ -51,6 +56,7 @@ class ModelRunner {
   DeepseekV3Model& model_;
   LatentKvPool& pool_;
   MlaForm form_;
+  std::vector<int32_t> taps_;
   double last_device_seconds_ = 0;
 };
 

@@ -42,6 +42,14 @@ class Speculator {
                                                    std::span<const std::vector<float>> logits) = 0;
   // The request is finished: its drafter state goes.
   virtual void release(uint64_t id) = 0;
+  // The target's hidden states this speculator reads (ForwardBatch::hidden_taps: kHiddenFinalNorm
+  // for an MTP layer, layer indices for a block drafter). Empty: none, and the engine asks for none.
+  virtual std::vector<int32_t> hidden_taps() const { return {}; }
+  // After each step, for every speculating request in it: the target's hidden states at its newly
+  // committed positions [first, first + rows) (a prompt chunk, a plain decode row, or a verify row's
+  // last token and accepted drafts), [rows, taps, hidden] on the host. Positions the target did not
+  // compute (prefix-cache hits) never come: a speculator rebuilds what it lacks.
+  virtual void accept_hidden(uint64_t /*id*/, int64_t /*first*/, int64_t /*rows*/, std::span<const float> /*hidden*/) {}
   // Called once by the engine with the most tokens its sequences hold at once (KV pool and
   // drafts): what a drafter's own cache needs.
   virtual void size_cache(int64_t tokens) = 0;

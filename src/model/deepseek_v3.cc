@@ -187,7 +187,10 @@ std::vector<float> DeepseekV3Model::forward(const ForwardBatch& batch, LatentKvP
 }
 
 Tensor DeepseekV3Model::forward_logits(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form) {
+  last_hidden_ = {};
   if (!group_) return forward_local(batch, pool, form);
+  // Input embeddings live on rank 0's device only (the MTP layer runs unsplit).
+  KILN_CHECK(!batch.input_embeds, "input embeddings are not supported on a split model");
   // Every rank runs the same step (SPMD); rank 0's logits are the answer. A malformed batch is
   // refused here, before any rank starts, so that it cannot fail on some ranks mid-collective.
   KILN_CHECK(pool.peers && pool.peers->size() == group_->peers.size(),
@@ -234,9 +237,9 @@ Tensor DeepseekV3Model::forward_local(const ForwardBatch& batch, LatentKvPool& p
 
 bool DeepseekV3Model::graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const {
   const int64_t B = batch.num_seqs();
-  if (&pool != graphs_->pool || shard_.dcp > 1 || form == MlaForm::Expanded || B > graphs_->max_batch ||
-      batch.max_blocks > graphs_->max_blocks || batch.num_tokens() != B ||
-      static_cast<int64_t>(batch.logit_rows.size()) != B)
+  if (&pool != graphs_->pool || shard_.dcp > 1 || !batch.hidden_rows.empty() || batch.input_embeds ||
+      form == MlaForm::Expanded || B > graphs_->max_batch || batch.max_blocks > graphs_->max_blocks ||
+      batch.num_tokens() != B || static_cast<int64_t>(batch.logit_rows.size()) != B)
     return false;
   for (int64_t i = 0; i < B; ++i)
     if (batch.logit_rows[static_cast<size_t>(i)] != i) return false;
@@ -270,7 +273,10 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, const in
   // add. ya and ym (attention, FFN) alternate so that no op reads the buffer it writes.
   OwnedTensor x = scratch(T, H), ya = scratch(T, H), ym = scratch(T, H);  // [T, H] each
   ops::EmbeddingParams embed{in.ids.t.as<int32_t>(), w_.embed.t.data, w_.embed.t.dtype, x.f32(), T, V, H};
-  if (shard_.sharded()) {  // vocabulary parallel: each rank looks up its rows, zeros elsewhere; summed
+  if (in.input_embeds) {  // the caller's inputs, each sequence's rows moved to its reordered place
+    for (const auto& [src, dst, n] : in.embed_runs)
+      be_.copy({in.input_embeds + src * H, H, x.f32() + dst * H, H, n, H});
+  } else if (shard_.sharded()) {  // vocabulary parallel: each rank looks up its rows, zeros elsewhere; summed
     embed.vocab = shard_.vocab_rows, embed.vocab_begin = shard_.vocab_begin, embed.zero_outside = true;
     be_.embedding(embed);
     all_reduce(x.f32(), T * H);
@@ -279,11 +285,21 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, const in
   }
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const float* pending = nullptr;  // [T, H], not yet added to x (null: nothing)
+  const std::vector<int32_t>& taps = in.hidden_taps;
+  if (!in.hidden_rows.empty())  // [hidden rows, taps, H]
+    last_hidden_ =
+        be_.alloc(DType::F32, {static_cast<int64_t>(in.hidden_rows.size()), static_cast<int64_t>(taps.size()), H});
   for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
     attention(l, x.f32(), pending, ya.f32(), in, pool);
     ffn(l, x.f32(), ya.f32(), ym.f32(), T);
     pending = ym.f32();
+    if (!in.hidden_rows.empty())
+      for (size_t i = 0; i < taps.size(); ++i)
+        if (taps[i] == l) tap_hidden(in, x.f32(), pending, static_cast<int64_t>(i), false);
   }
+  if (!in.hidden_rows.empty())
+    for (size_t i = 0; i < taps.size(); ++i)
+      if (taps[i] == kHiddenFinalNorm) tap_hidden(in, x.f32(), pending, static_cast<int64_t>(i), true);
   auto add_and_norm = [&](const OwnedTensor& weight, float* out) {  // x += pending; out = norm(x)
     ops::RmsNormParams n{x.f32(), 0, weight.t.data, weight.t.dtype, out, 0, T, H, eps};
     if (pending) n.residual = pending, n.sum = x.f32();
@@ -317,6 +333,37 @@ void DeepseekV3Model::compute(const StepInputs& in, LatentKvPool& pool, const in
   for (int64_t r = 0; r < world; ++r)
     if (const int64_t cols = std::min(per, V - r * per); cols > 0)
       be_.copy({all.f32() + r * rows * per, per, logits + r * per, V, rows, cols});
+}
+
+void DeepseekV3Model::tap_hidden(const StepInputs& in, const float* x, const float* pending, int64_t tap, bool norm) {
+  const int64_t H = c_.hidden_size, R = static_cast<int64_t>(in.hidden_rows.size());
+  const int64_t ntaps = last_hidden_.t.shape[1];
+  // The rows of x and of pending gathered ([R, H] each; one copy per run of consecutive rows),
+  // summed (and normed) into column `tap` of the output.
+  OwnedTensor xr = scratch(R, H), pr = scratch(R, H);
+  for (int64_t i = 0, n = 1; i < R; i += n) {
+    const int64_t r = in.hidden_rows[static_cast<size_t>(i)];
+    for (n = 1; i + n < R && in.hidden_rows[static_cast<size_t>(i + n)] == r + n;) ++n;
+    be_.copy({x + r * H, H, xr.f32() + i * H, H, n, H});
+    be_.copy({pending + r * H, H, pr.f32() + i * H, H, n, H});
+  }
+  float* out = last_hidden_.f32() + tap * H;  // rows ntaps * H apart
+  if (norm) {
+    ops::RmsNormParams p{xr.f32(),
+                         0,
+                         w_.final_norm.t.data,
+                         w_.final_norm.t.dtype,
+                         out,
+                         ntaps * H,
+                         R,
+                         H,
+                         static_cast<float>(c_.rms_norm_eps)};
+    p.residual = pr.f32();
+    be_.rms_norm(p);
+    return;
+  }
+  be_.add({xr.f32(), pr.f32(), xr.f32(), R * H});
+  be_.copy({xr.f32(), H, out, ntaps * H, R, H});
 }
 
 void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float* out, int64_t T) {

@@ -67,6 +67,10 @@ class DeepseekV3Model {
   // until the next step.
   Tensor forward_logits(const ForwardBatch& batch, LatentKvPool& pool, MlaForm form = MlaForm::Auto);
 
+  // The last step's hidden states of batch.hidden_rows: [hidden_rows, hidden_taps, hidden] f32 on
+  // the backend (empty when none were asked), valid until the next step.
+  Tensor hidden_states() const { return last_hidden_.t; }
+
   // Replays pure decode steps (one new token per sequence, every row's logits) of up to
   // max_batch sequences on `pool` from CUDA graphs, captured the first time each padded batch
   // size runs. Block tables up to max_blocks wide. No-op on backends without graphs.
@@ -97,6 +101,8 @@ class DeepseekV3Model {
   StepInputs upload_inputs(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form, int64_t pad_to,
                            OwnedTensor* buffer);
   void compute(const StepInputs& in, LatentKvPool& pool, const int32_t* logit_rows, int64_t rows, float* logits);
+  // Writes tap `tap` of the hidden rows: x + pending (normed by the final norm when `norm`).
+  void tap_hidden(const StepInputs& in, const float* x, const float* pending, int64_t tap, bool norm);
   bool graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const;
   std::shared_ptr<void> capture(const StepInputs& in, LatentKvPool& pool, float* logits);
   // The sub-layers over the residual stream x + pending (pending [T, H]: outputs not yet added to x;
@@ -122,6 +128,7 @@ class DeepseekV3Model {
   DType kv_dtype_;
   std::unique_ptr<DecodeGraphs> graphs_;
   OwnedTensor last_logits_;           // the eager path's logits, kept until the next step
+  OwnedTensor last_hidden_;           // the last step's hidden-state taps (hidden_states())
   std::unique_ptr<RankGroup> group_;  // ranks 1..N-1 when this is rank 0 of a split model
 };
 

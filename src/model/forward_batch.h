@@ -11,6 +11,11 @@
 
 namespace kiln {
 
+// A hidden-state tap (ForwardBatch::hidden_taps): a decoder layer index l in [0, num_hidden_layers)
+// is the residual stream after layer l; kHiddenFinalNorm is the last layer's output after the
+// model's final norm (what lm_head sees, and what DeepSeek-V3's MTP layer is fed).
+constexpr int32_t kHiddenFinalNorm = -1;
+
 struct ForwardBatch {
   std::vector<int32_t> tokens;        // [T]: every sequence's new tokens, sequence after sequence
   std::vector<int32_t> positions;     // [T]: absolute position of each token in its sequence
@@ -29,6 +34,13 @@ struct ForwardBatch {
   // attends in the absorbed form, as the one-token decode rows it stands in for do, so verifying
   // computes what plain decoding would (the expanded form rounds differently).
   std::vector<uint8_t> verify_rows;
+  // Hidden states for a drafter (spec/): the taps (kHiddenFinalNorm or layer indices) of rows of T,
+  // returned by DeepseekV3Model::hidden_states() as [hidden_rows, hidden_taps, hidden]. Empty: none
+  // are computed, so a step without speculating rows pays nothing.
+  std::vector<int32_t> hidden_rows, hidden_taps;
+  // On the backend, [T, hidden] in this batch's token order: the layers' input instead of the
+  // embedding lookup (an MTP layer's projected inputs). Null: embed `tokens`.
+  const float* input_embeds = nullptr;
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_seqs() const { return static_cast<int64_t>(kv_lens.size()); }

@@ -21,6 +21,10 @@ void DeepseekV3Model::check_batch(const ForwardBatch& batch, const LatentKvPool&
              "malformed ForwardBatch: token_from has {} entries for {} tokens", batch.token_from.size(), T);
   for (int32_t s : batch.slot_mapping)
     KILN_CHECK(s >= 0 && s < pool.num_slots(), "slot {} is outside the KV pool ({} slots)", s, pool.num_slots());
+  for (int32_t tap : batch.hidden_taps)
+    KILN_CHECK(tap == kHiddenFinalNorm || (tap >= 0 && tap < c_.num_hidden_layers),
+               "hidden-state tap {} is neither a layer of {} nor the final norm", tap, c_.num_hidden_layers);
+  KILN_CHECK(batch.hidden_rows.empty() || !batch.hidden_taps.empty(), "hidden rows asked with no tap");
   for (int32_t p : batch.positions)
     KILN_CHECK(p >= 0 && p < c_.max_position_embeddings, "position {} exceeds max_position_embeddings {}", p,
                c_.max_position_embeddings);
@@ -91,10 +95,22 @@ DeepseekV3Model::StepInputs DeepseekV3Model::upload_inputs(const ForwardBatch& b
       at(lay.cu_kv_x, i - in.Ba + 1) = kv_x;
     }
   }
-  for (int32_t r : batch.logit_rows) {
+  auto reordered = [&](int32_t r) {
     const auto b =
         static_cast<size_t>(std::upper_bound(batch.cu_q.begin(), batch.cu_q.end(), r) - batch.cu_q.begin() - 1);
-    in.logit_rows.push_back(new_start[b] + (r - batch.cu_q[b]));
+    return new_start[b] + (r - batch.cu_q[b]);
+  };
+  for (int32_t r : batch.logit_rows) in.logit_rows.push_back(reordered(r));
+  for (int32_t r : batch.hidden_rows) {
+    KILN_CHECK(r >= 0 && r < T, "hidden row {} is outside the batch of {} tokens", r, T);
+    in.hidden_rows.push_back(reordered(r));
+  }
+  in.hidden_taps = batch.hidden_taps;
+  if (batch.input_embeds) {
+    KILN_CHECK(!buffer, "internal: a graph step takes no input embeddings");
+    in.input_embeds = batch.input_embeds;
+    for (int64_t b = 0; b < B; ++b)
+      in.embed_runs.push_back({batch.cu_q[static_cast<size_t>(b)], new_start[static_cast<size_t>(b)], q_len(b)});
   }
   in.T = Tp;
   in.B = Bp;

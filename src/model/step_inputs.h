@@ -2,6 +2,7 @@
 // the captured decode graphs and the packed layout both share. Included by the model's .cc files only.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <vector>
@@ -23,7 +24,12 @@ struct DeepseekV3Model::StepInputs {
   OwnedTensor cu_q, kv_lens;    // [B + 1], [B]
   OwnedTensor block_tables;     // [B, stride]
   OwnedTensor cu_q_x, cu_kv_x;  // [B - Ba + 1] each: the expanded part's, from 0
-  std::vector<int32_t> logit_rows;  // the caller's logit rows in the reordered token order
+  std::vector<int32_t> logit_rows;   // the caller's logit rows in the reordered token order
+  std::vector<int32_t> hidden_rows;  // the caller's hidden rows in the reordered token order
+  std::vector<int32_t> hidden_taps;  // the batch's
+  // batch.input_embeds and where each sequence's rows go: {batch row, reordered row, rows}.
+  const float* input_embeds = nullptr;
+  std::vector<std::array<int64_t, 3>> embed_runs;
   // Decode context parallelism (ModelShard::dcp > 1): this rank's slot of each token (the spare
   // row for other ranks' tokens), its own row count of each sequence, and the expanded part's
   // cumulative own rows; x_kv_lens holds the expanded sequences' kv_lens on the host.

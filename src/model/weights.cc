@@ -125,8 +125,9 @@ bool fp8_online(const WeightSpec& w) {
 
 class Loader {
  public:
-  Loader(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be, WeightQuant quant)
-      : c_(c), ckpt_(ckpt), be_(be), quant_(quant) {
+  // `mtp`: this loader reads the NextN layers (its progress counts their bytes, not the main model's).
+  Loader(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be, WeightQuant quant, bool mtp = false)
+      : c_(c), ckpt_(ckpt), be_(be), quant_(quant), mtp_(mtp) {
     KILN_CHECK(quant == WeightQuant::None || quant == WeightQuant::Fp8,
                "internal: loading a checkpoint quantizes to fp8 or not at all");
     KILN_CHECK(quant == WeightQuant::None || (!c.fp8 && !c.int4),
@@ -199,9 +200,9 @@ class Loader {
       if (it == specs_.end()) it = specs_.find(base_of(name));
       KILN_CHECK(it != specs_.end(), "{}: unexpected tensor \"{}\" (shape {}) is not part of this config's model",
                  e->file, name, shape_str(e->shape));
-      if (!it->second.mtp) total += e->nbytes;
+      if (it->second.mtp == mtp_) total += e->nbytes;
     }
-    progress_ = Progress("loading " + ckpt_.dir(), total);
+    progress_ = Progress((mtp_ ? "loading the MTP layer of " : "loading ") + ckpt_.dir(), total);
   }
 
   // A module the config's ignore list names exactly must ship unquantized ("re:" patterns are not
@@ -220,6 +221,7 @@ class Loader {
   const Checkpoint& ckpt_;
   ops::Backend& be_;
   WeightQuant quant_;
+  bool mtp_;
   std::map<std::string, WeightSpec> specs_;
   Progress progress_{"", 0};
 };
@@ -280,6 +282,25 @@ void load_layer(const ModelConfig& c, int64_t l, Loader& ld, LayerWeights& w) {
 }
 
 }  // namespace
+
+MtpWeights load_mtp_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be, int64_t index) {
+  KILN_CHECK(index >= 0 && index < c.num_nextn_predict_layers,
+             "{}: MTP layer {} asked, but config.json has num_nextn_predict_layers {}", ckpt.dir(), index,
+             c.num_nextn_predict_layers);
+  Loader ld(c, ckpt, be, WeightQuant::None, true);
+  const int64_t l = c.num_hidden_layers + index;
+  const std::string p = fmt::format("model.layers.{}.", l);
+  MtpWeights w;
+  w.embed = ld.get(p + "embed_tokens.weight");
+  w.enorm = ld.get(p + "enorm.weight");
+  w.hnorm = ld.get(p + "hnorm.weight");
+  w.eh_proj = ld.upload(p + "eh_proj.weight", ld.weight(p + "eh_proj.weight"));
+  load_layer(c, l, ld, w.layer);
+  w.head_norm = ld.get(p + "shared_head.norm.weight");
+  w.head = ld.get(p + "shared_head.head.weight");
+  ld.finish();
+  return w;
+}
 
 std::vector<float> w_uk_transpose(const std::vector<float>& kv_b, int64_t heads, int64_t nope, int64_t v, int64_t r) {
   std::vector<float> uk_t(static_cast<size_t>(heads * r * nope));

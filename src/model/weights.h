@@ -82,6 +82,20 @@ WeightQuant parse_weight_quant(const std::string& s, const std::string& flag);
 ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be,
                           WeightQuant quant = WeightQuant::None);
 
+// One NextN / MTP layer (DeepSeek-V3's `model.layers.{num_hidden_layers + i}.*`): its own copies
+// of the embedding and head, the norms of its two inputs, the projection of their concatenation,
+// and a full decoder layer.
+struct MtpWeights {
+  OwnedTensor embed;         // [vocab, hidden]
+  OwnedTensor enorm, hnorm;  // [hidden] each: the next token's embedding, the target's hidden state
+  Weight eh_proj;            // [hidden, 2 * hidden]: input columns [enorm(embed) ; hnorm(h)]
+  LayerWeights layer;        // the decoder layer (MLA + MoE or dense, as is_moe_layer says)
+  OwnedTensor head_norm;     // [hidden]: shared_head.norm
+  OwnedTensor head;          // [vocab, hidden]: shared_head.head
+};
+// Loads NextN layer `index` (< num_nextn_predict_layers) of the checkpoint.
+MtpWeights load_mtp_weights(const ModelConfig& c, const Checkpoint& ckpt, ops::Backend& be, int64_t index = 0);
+
 // W_uk transposed per head out of kv_b's f32 values [heads * (nope + v), r]: [heads, r, nope], the
 // absorbed form's fold.
 std::vector<float> w_uk_transpose(const std::vector<float>& kv_b, int64_t heads, int64_t nope, int64_t v, int64_t r);

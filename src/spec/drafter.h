@@ -41,6 +41,10 @@ class Drafter {
   // How many tokens of context the caller keeps in flight at most (the engine: its KV pool and
   // K per sequence); a drafter with a cache of its own sizes it from this, dropping any state.
   virtual void size_cache(int64_t /*tokens*/) {}
+  // The target hidden states the drafter reads, and their delivery (engine/speculator.h).
+  virtual std::vector<int32_t> hidden_taps() const { return {}; }
+  virtual void accept_hidden(int64_t /*seq_id*/, int64_t /*first*/, int64_t /*rows*/,
+                             std::span<const float> /*hidden*/) {}
 };
 
 }  // namespace kiln::spec

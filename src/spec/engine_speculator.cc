@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "spec/mtp_drafter.h"
 #include "spec/paged_draft_drafter.h"
 #include "spec/verifier.h"
 
@@ -100,23 +101,30 @@ std::vector<std::vector<int32_t>> DrafterSpeculator::verify(std::span<const Spec
 }
 
 std::shared_ptr<Speculator> make_speculator(const std::string& algorithm, const std::string& model_dir, int64_t k,
-                                            const DeepseekV3Model& target) {
-  if (algorithm == "mtp" || algorithm == "dspark")
-    throw Error(
-        fmt::format("--speculative-algorithm {} is not built yet; only 'draft' (a separate draft model, "
-                    "--speculative-model DIR) is",
-                    algorithm));
-  KILN_CHECK(algorithm == "draft", "unknown --speculative-algorithm '{}' (draft; mtp and dspark are not built yet)",
+                                            DeepseekV3Model& target) {
+  KILN_CHECK(algorithm != "dspark", "--speculative-algorithm dspark is not built yet; 'draft' and 'mtp' are");
+  const bool mtp = algorithm == "mtp" || algorithm == "deepseek_mtp";
+  KILN_CHECK(algorithm == "draft" || mtp, "unknown --speculative-algorithm '{}' (draft, mtp or deepseek_mtp)",
              algorithm);
-  KILN_CHECK(!model_dir.empty(), "--speculative-algorithm draft needs --speculative-model DIR");
   KILN_CHECK(k >= 1 && k <= 16, "--speculative-num-tokens must be in [1, 16], got {}", k);
+  const int64_t vocab = target.config().vocab_size;
+  if (mtp) {
+    constexpr int64_t kMtpBlockSize = 16, kMtpBlocks = 256;  // until the engine sizes its cache
+    KILN_CHECK(!model_dir.empty(), "--speculative-algorithm mtp needs the checkpoint holding the MTP layer");
+    auto layer = std::make_unique<MtpLayer>(model_dir, target.config(), target.backend());
+    spdlog::info("speculative decoding: the MTP layer of {} ({} FFN), {} draft tokens per step", model_dir,
+                 layer->config().first_k_dense_replace == 0 ? "MoE" : "dense", k);
+    return std::make_shared<DrafterSpeculator>(
+        std::make_unique<MtpDrafter>(std::move(layer), target, kMtpBlocks, kMtpBlockSize), k, vocab, "mtp");
+  }
+  KILN_CHECK(!model_dir.empty(), "--speculative-algorithm draft needs --speculative-model DIR");
   auto draft = DeepseekV3Model::load(model_dir, target.backend());
   if (draft->config().max_position_embeddings < target.config().max_position_embeddings)
     spdlog::warn("draft model {}: {} positions, fewer than the target's {}: longer requests decode plainly", model_dir,
                  draft->config().max_position_embeddings, target.config().max_position_embeddings);
   spdlog::info("speculative decoding: draft model {} ({} layers, hidden {}), {} draft tokens per step", model_dir,
                draft->config().num_hidden_layers, draft->config().hidden_size, k);
-  const int64_t vocab = target.config().vocab_size, positions = draft->config().max_position_embeddings;
+  const int64_t positions = draft->config().max_position_embeddings;
   return std::make_shared<DrafterSpeculator>(std::make_unique<OwnedDraftModel>(std::move(draft)), k, vocab, "draft",
                                              positions);
 }

@@ -27,6 +27,10 @@ class DrafterSpeculator : public Speculator {
                                            std::span<const std::vector<float>> logits) override;
   void release(uint64_t id) override { drafter_->release(static_cast<int64_t>(id)); }
   void size_cache(int64_t tokens) override { drafter_->size_cache(tokens); }
+  std::vector<int32_t> hidden_taps() const override { return drafter_->hidden_taps(); }
+  void accept_hidden(uint64_t id, int64_t first, int64_t rows, std::span<const float> hidden) override {
+    drafter_->accept_hidden(static_cast<int64_t>(id), first, rows, hidden);
+  }
 
  private:
   std::unique_ptr<Drafter> drafter_;
@@ -36,8 +40,9 @@ class DrafterSpeculator : public Speculator {
 };
 
 // `--speculative-algorithm draft`: the draft model in `dir` (same tokenizer as the target) on the
-// target's backend, K drafts per step. Algorithms not built yet (mtp, dspark) are refused by name.
+// target's backend, K drafts per step. `mtp` (or `deepseek_mtp`): the first NextN layer of the
+// checkpoint in `dir` (the target's own), fed the target's hidden states. dspark is refused by name.
 std::shared_ptr<Speculator> make_speculator(const std::string& algorithm, const std::string& model_dir, int64_t k,
-                                            const DeepseekV3Model& target);
+                                            DeepseekV3Model& target);
 
 }  // namespace kiln::spec

@@ -121,7 +121,7 @@ TEST(EngineSpec, RequestsLongerThanTheDrafterCanTakeDecodePlainly) {
 }
 
 TEST(EngineSpec, AlgorithmsNotBuiltAreRefusedByName) {
-  for (const char* a : {"mtp", "dspark"}) {
+  for (const char* a : {"dspark"}) {
     try {
       make_speculator(a, model_dir("kiln-tiny-draft"), 2, *models().target);
       FAIL() << a;
