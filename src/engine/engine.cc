@@ -148,9 +148,9 @@ void Engine::loop() {
     const bool speculate = plan_speculation();
     // Overlapped: step n+1 is scheduled and queued before step n's tokens are read, so the device
     // never waits for the host's bookkeeping. Only while every request samples on the device
-    // with nothing the host must see between steps, and the step verifies no drafts; otherwise
-    // the step in flight settles first.
-    const bool overlap = cfg_.overlap_schedule && unsafe_ == 0 && !speculate;
+    // with nothing the host must see between steps (drafts to verify, hidden states for a
+    // drafter); otherwise the step in flight settles first.
+    const bool overlap = cfg_.overlap_schedule && unsafe_ == 0 && !speculate && !taps_hidden_states();
     StepTimes times;
     const auto t0 = Clock::now();
     if (!overlap && inflight_) settle(times);

@@ -134,6 +134,9 @@ class Engine {
   // The speculation policy's hooks (engine_spec.cc): this step's drafts per decode row (true when
   // any row drafts, so the step cannot overlap), and the step's measured time afterwards.
   bool plan_speculation();
+  // A live request whose drafter reads the target's hidden states (MTP): every step of it then runs
+  // on the serial loop, which is where the states are handed over, whether or not it drafts.
+  bool taps_hidden_states() const;
   void observe_speculation(const SchedulerOutput& out, double seconds, double draft_seconds, bool timed);
   // A verified token with the logprobs its request asks for, from its row of the target's logits.
   SampleResult scored(const float* logits, int32_t token, const SamplingParams& p) const;

@@ -27,6 +27,13 @@ bool Engine::plan_speculation() {
   return speculate;
 }
 
+bool Engine::taps_hidden_states() const {
+  if (!cfg_.speculator || cfg_.speculator->hidden_taps().empty()) return false;
+  for (const auto& [id, s] : seqs_)
+    if (s->spec_tokens > 0 && !s->finished()) return true;
+  return false;
+}
+
 void Engine::observe_speculation(const SchedulerOutput& out, double seconds, double draft_seconds, bool timed) {
   if (!policy_) return;
   SpecPolicy::StepSample s;
