@@ -8,8 +8,9 @@ namespace kiln::cli {
 
 void add_speculative_options(CLI::App& sub, SpeculativeFlags& f) {
   sub.add_option("--speculative-algorithm", f.algorithm,
-                 "speculative decoding: draft (a separate draft model, --speculative-model) or mtp / deepseek_mtp "
-                 "(the checkpoint's own NextN layer); dspark is not built yet");
+                 "speculative decoding: draft (a separate draft model, --speculative-model), mtp / deepseek_mtp "
+                 "(the checkpoint's own NextN layer) or dspark (a DeepSpec-format block drafter, "
+                 "--speculative-model)");
   sub.add_option("--speculative-model", f.model,
                  "draft model checkpoint directory (same tokenizer as --model); for mtp, the checkpoint holding "
                  "the MTP layer (default: --model)");
@@ -40,14 +41,13 @@ void check_speculative_flags(const SpeculativeFlags& f) {
   parse_spec_policy_mode(f.policy);
   KILN_CHECK(f.probe_interval >= 1, "--speculative-probe-interval must be >= 1, got {}", f.probe_interval);
   if (f.algorithm.empty()) {
-    KILN_CHECK(f.model.empty(), "--speculative-model needs --speculative-algorithm draft or mtp");
+    KILN_CHECK(f.model.empty(), "--speculative-model needs --speculative-algorithm draft, mtp or dspark");
     return;
   }
-  KILN_CHECK(f.algorithm != "dspark", "--speculative-algorithm dspark is not built yet; 'draft' and 'mtp' are");
   const bool mtp = f.algorithm == "mtp" || f.algorithm == "deepseek_mtp";
-  KILN_CHECK(f.algorithm == "draft" || mtp, "unknown --speculative-algorithm '{}' (draft, mtp or deepseek_mtp)",
-             f.algorithm);
-  KILN_CHECK(mtp || !f.model.empty(), "--speculative-algorithm draft needs --speculative-model DIR");
+  KILN_CHECK(f.algorithm == "draft" || f.algorithm == "dspark" || mtp,
+             "unknown --speculative-algorithm '{}' (draft, mtp, deepseek_mtp or dspark)", f.algorithm);
+  KILN_CHECK(mtp || !f.model.empty(), "--speculative-algorithm {} needs --speculative-model DIR", f.algorithm);
   KILN_CHECK(f.num_tokens >= 1 && f.num_tokens <= 16, "--speculative-num-tokens must be in [1, 16], got {}",
              f.num_tokens);
 }
@@ -64,7 +64,10 @@ std::vector<std::pair<std::string, std::string>> with_speculation(std::vector<st
   if (!s) return plan;
   const std::pair<std::string, std::string> extra[] = {
       {"spec_draft", fmt::format("{}: the {}'s forward (the ops above), K={} steps batched over sequences", s->name(),
-                                 std::string(s->name()) == "mtp" ? "MTP layer" : "draft model", s->num_draft_tokens())},
+                                 std::string(s->name()) == "mtp"      ? "MTP layer"
+                                 : std::string(s->name()) == "dspark" ? "block drafter (one block per step)"
+                                                                      : "draft model",
+                                 s->num_draft_tokens())},
       {"spec_verify", "host: exact verifier (spec/verifier.cc) on the verify rows' downloaded logits"}};
   for (const auto& [op, impl] : extra) {
     spdlog::info("  {:<14} {}", op, impl);

@@ -43,6 +43,8 @@ class DeepseekV3Model {
 
   const ModelConfig& config() const { return c_; }
   const ModelShard& shard() const { return shard_; }
+  // The weights (rank 0's slices when split): a block drafter shares the embedding and lm_head.
+  const ModelWeights& weights() const { return w_; }
   // Makes this model (rank 0) the front of a split model: every step, new pool, KV type and graph
   // call from now on runs on every rank of `group` too (dist/rank_group.h builds one).
   void attach_group(std::unique_ptr<RankGroup> group);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "spec/block_drafter_speculator.h"
 #include "spec/mtp_drafter.h"
 #include "spec/paged_draft_drafter.h"
 #include "spec/verifier.h"
@@ -102,12 +103,23 @@ std::vector<std::vector<int32_t>> DrafterSpeculator::verify(std::span<const Spec
 
 std::shared_ptr<Speculator> make_speculator(const std::string& algorithm, const std::string& model_dir, int64_t k,
                                             DeepseekV3Model& target) {
-  KILN_CHECK(algorithm != "dspark", "--speculative-algorithm dspark is not built yet; 'draft' and 'mtp' are");
   const bool mtp = algorithm == "mtp" || algorithm == "deepseek_mtp";
-  KILN_CHECK(algorithm == "draft" || mtp, "unknown --speculative-algorithm '{}' (draft, mtp or deepseek_mtp)",
-             algorithm);
+  KILN_CHECK(algorithm == "draft" || algorithm == "dspark" || mtp,
+             "unknown --speculative-algorithm '{}' (draft, mtp, deepseek_mtp or dspark)", algorithm);
   KILN_CHECK(k >= 1 && k <= 16, "--speculative-num-tokens must be in [1, 16], got {}", k);
   const int64_t vocab = target.config().vocab_size;
+  if (algorithm == "dspark") {
+    KILN_CHECK(!model_dir.empty(), "--speculative-algorithm dspark needs --speculative-model DIR");
+    auto drafter = BlockDrafter::load(model_dir, target);
+    // One forward drafts one block: more drafts than it holds would need a second, chained forward.
+    KILN_CHECK(k <= drafter->block_size(), "--speculative-num-tokens {} exceeds the DSpark draft's block_size {} ({})",
+               k, drafter->block_size(), model_dir);
+    spdlog::info(
+        "speculative decoding: DSpark block drafter {} (block of {}, {} target layers tapped), {} draft "
+        "tokens per step",
+        model_dir, drafter->block_size(), drafter->hidden_taps().size(), k);
+    return std::make_shared<DrafterSpeculator>(std::move(drafter), k, vocab, "dspark");
+  }
   if (mtp) {
     constexpr int64_t kMtpBlockSize = 16, kMtpBlocks = 256;  // until the engine sizes its cache
     KILN_CHECK(!model_dir.empty(), "--speculative-algorithm mtp needs the checkpoint holding the MTP layer");

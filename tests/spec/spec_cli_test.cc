@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dspark_util.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -87,13 +88,32 @@ TEST(SpecCli, BenchModelReportsMtpAcceptance) {
   for (const auto& row : j["results"]) EXPECT_GT(row["speculative"]["verifies"].get<int64_t>(), 0);
 }
 
+TEST(SpecCli, GenerateGivesTheSameGreedyIdsWithADsparkDraft) {
+  // A random-weight block draft of kiln-tiny's shapes (dspark_util.h): whatever it drafts, the
+  // verified output is plain decoding's.
+  const std::string dir = write_dspark_draft("cli", dspark_tiny_config());
+  const std::string base = "generate --device cpu --model " + model("kiln-tiny") +
+                           " --prompt-ids 0,3280,759,1356,1142 --max-tokens 20 --temperature 0 --json";
+  const RunResult plain = run_kiln(base);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const RunResult spec =
+      run_kiln(base + " --speculative-algorithm dspark --speculative-num-tokens 3 --speculative-model " + dir);
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  EXPECT_EQ(last_json_line(plain.out)["output_ids"], last_json_line(spec.out)["output_ids"]);
+  const RunResult too_many =
+      run_kiln(base + " --speculative-algorithm dspark --speculative-num-tokens 5 --speculative-model " + dir);
+  EXPECT_NE(too_many.exit_code, 0);
+  EXPECT_NE(too_many.out.find("block_size"), std::string::npos) << too_many.out;
+}
+
 TEST(SpecCli, RefusesWhatIsNotBuiltOrInconsistent) {
   const std::string base = "generate --device cpu --model " + model("kiln-tiny") + " --prompt-ids 0,5 --max-tokens 2";
-  for (const char* algo : {"dspark"}) {
-    const RunResult r = run_kiln(base + " --speculative-algorithm " + algo);
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.out.find("not built yet"), std::string::npos) << r.out;
-  }
+  const RunResult dspark = run_kiln(base + " --speculative-algorithm dspark");
+  EXPECT_NE(dspark.exit_code, 0);
+  EXPECT_NE(dspark.out.find("--speculative-model"), std::string::npos) << dspark.out;
+  const RunResult unknown = run_kiln(base + " --speculative-algorithm eagle");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.out.find("unknown --speculative-algorithm"), std::string::npos) << unknown.out;
   const RunResult no_model = run_kiln(base + " --speculative-algorithm draft");
   EXPECT_NE(no_model.exit_code, 0);
   EXPECT_NE(no_model.out.find("--speculative-model"), std::string::npos) << no_model.out;
