@@ -41,8 +41,8 @@ class DrafterSpeculator : public Speculator {
 
 // `--speculative-algorithm draft`: the draft model in `dir` (same tokenizer as the target) on the
 // target's backend, K drafts per step. `mtp` (or `deepseek_mtp`): the first NextN layer of the
-// checkpoint in `dir` (the target's own), fed the target's hidden states. `dspark`: the DeepSpec-format block drafter in `dir`
-// (spec/block_drafter_speculator.h), reading the target's hidden states, with K <= its block size.
+// checkpoint in `dir` (the target's own), fed the target's hidden states. `dspark`: the DeepSpec-format block drafter
+// in `dir` (spec/block_drafter_speculator.h), reading the target's hidden states, with K <= its block size.
 std::shared_ptr<Speculator> make_speculator(const std::string& algorithm, const std::string& model_dir, int64_t k,
                                             DeepseekV3Model& target);
 

@@ -9,6 +9,8 @@
 // itself says next, and drafts are then accepted some of the time.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -51,8 +53,19 @@ inline nlohmann::json dspark_tiny_config() {
           {"confidence_head_with_markov", true}};
 }
 
+// The drafts a test program wrote, removed when it ends.
+inline std::vector<std::filesystem::path>& dspark_dirs() {
+  static std::vector<std::filesystem::path> dirs;
+  return dirs;
+}
+struct RemoveDsparkDrafts : ::testing::Environment {
+  void TearDown() override {
+    for (const auto& d : dspark_dirs()) std::filesystem::remove_all(d);
+  }
+};
+inline const auto* const kRemoveDsparkDrafts = ::testing::AddGlobalTestEnvironment(new RemoveDsparkDrafts);
+
 // Writes config `j` and random weights (seeded) with the bigrams planted; returns the directory.
-// The directory is left for the OS's temp cleaning: tests write a few small ones.
 inline std::string write_dspark_draft(const std::string& name, const nlohmann::json& j,
                                       const std::vector<std::pair<int32_t, int32_t>>& plant = {}) {
   namespace fs = std::filesystem;
@@ -103,6 +116,7 @@ inline std::string write_dspark_draft(const std::string& name, const nlohmann::j
   const fs::path dir = fs::temp_directory_path() /
                        ("kiln_dspark_" + name + "_" + std::to_string(getpid()) + "_" + std::to_string(serial++));
   fs::create_directories(dir);
+  dspark_dirs().push_back(dir);
   std::ofstream(dir / "config.json") << j.dump(2);
   write_safetensors((dir / "model.safetensors").string(), raw);
   return dir.string();
