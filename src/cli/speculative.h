@@ -12,8 +12,9 @@
 namespace kiln::cli {
 
 struct SpeculativeFlags {
-  std::string algorithm;   // empty: off; draft, mtp (deepseek_mtp); dspark is refused: not built yet
-  std::string model;       // --speculative-model: the draft checkpoint (mtp: the MTP layer's, default --model)
+  std::string algorithm;   // empty: off; draft, mtp (deepseek_mtp) or dspark
+  std::string model;       // --speculative-model: the draft checkpoint (mtp: the MTP layer's, default --model; dspark:
+                           // DeepSpec format)
   int64_t num_tokens = 4;  // K
   // How many of the K drafts each step verifies (engine/spec_policy.h).
   std::string policy = "adaptive";  // fixed | adaptive
