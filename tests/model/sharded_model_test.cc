@@ -208,7 +208,7 @@ TEST(ShardedModel, BadBatchIsRefusedAndTheGroupLivesOn) {
 namespace kiln::test {
 namespace {
 
-// `kiln score` and `kiln generate` take --tp and --enable-expert-parallel (the engine unchanged)
+// `kiln score` and `kiln generate` take --tp, --enable-expert-parallel and --ep-combine (the engine unchanged)
 // and print what one device prints: logprobs within 1e-4, the same greedy tokens.
 TEST(ShardedCli, ScoreAndGenerateMatchOneDevice) {
   const std::string dir = data_path("fixtures/h12_qlora_grouped_yarn");
@@ -220,7 +220,8 @@ TEST(ShardedCli, ScoreAndGenerateMatchOneDevice) {
     return nlohmann::json::parse(r.out.substr(r.out.find("{\"ids\"")))["logprobs"];
   };
   const auto one = score("");
-  for (const std::string flags : {"--tp 2", "--tp 4", "--tp 2 --enable-expert-parallel"}) {
+  for (const std::string flags : {"--tp 2", "--tp 4", "--tp 2 --enable-expert-parallel",
+                                  "--tp 4 --enable-expert-parallel --ep-combine alltoall"}) {
     const auto many = score(flags);
     ASSERT_EQ(many.size(), one.size()) << flags;
     for (size_t i = 1; i < one.size(); ++i)
