@@ -152,6 +152,11 @@ void add_parallel_options(CLI::App& sub, Parallel& p) {
       ->capture_default_str();
   sub.add_flag("--enable-expert-parallel", p.expert_parallel,
                "whole routed experts per rank (expert parallelism over the --tp ranks) instead of a slice of each");
+  sub.add_option("--ep-combine", p.ep_combine,
+                 "how expert parallelism combines the experts' outputs: alltoall (rows only to the tokens' owners, "
+                 "shared experts replicated) or allreduce (every rank's dense partial summed)")
+      ->check(CLI::IsMember({"alltoall", "allreduce"}))
+      ->capture_default_str();
   sub.add_option("--dcp", p.dcp,
                  "decode context parallelism: each sequence's latent KV split by token over the ranks (for now "
                  "equal to --tp, CPU backend)")
@@ -201,6 +206,7 @@ LoadedModel load_split(const ModelConfig& c, const std::string& dir, const std::
   dist::ShardedModelOptions o;
   o.parallel.world_size = o.parallel.tp = parallel.tp;
   o.parallel.ep = parallel.expert_parallel ? parallel.tp : 1;
+  o.parallel.ep_alltoall = parallel.ep_combine == "alltoall" && o.parallel.ep > 1;
   o.parallel.dcp = parallel.dcp;
   o.make_backend = [device](int) { return make_backend(device); };
   std::optional<dist::NcclId> nccl_id;

@@ -53,6 +53,10 @@ void apply_precision(const Precision& p, ops::Backend& backend, DeepseekV3Model&
 struct Parallel {
   int tp = 1;
   bool expert_parallel = false;
+  // Under --enable-expert-parallel: "alltoall" sends each rank's expert outputs only for the tokens
+  // its experts serve (model/ep_dispatch.h); "allreduce" sums every rank's dense partial (the
+  // reference it is tested against).
+  std::string ep_combine = "allreduce";
   int dcp = 1;  // decode context parallelism (so far --dcp equal to --tp, CPU backend)
   dist::LaunchFlags launch;
   double dist_timeout_s = 300;  // how long the processes wait for one another to start

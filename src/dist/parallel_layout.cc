@@ -40,7 +40,9 @@ ParallelLayout::ParallelLayout(const ParallelConfig& p, const ModelConfig& m) : 
                m.moe_intermediate_size);
     experts_per_rank_ = m.n_routed_experts / p.ep;
   }
-  KILN_CHECK((m.n_shared_experts * m.moe_intermediate_size) % p.tp == 0,
+  KILN_CHECK(!p.ep_alltoall || p.ep > 1,
+             "--ep-combine alltoall: needs expert parallelism (--enable-expert-parallel) on more than one rank");
+  KILN_CHECK(p.ep_alltoall || (m.n_shared_experts * m.moe_intermediate_size) % p.tp == 0,
              "--tp {}: the shared experts' width {} ({} x {}) does not split evenly", p.tp,
              m.n_shared_experts * m.moe_intermediate_size, m.n_shared_experts, m.moe_intermediate_size);
   if (m.first_k_dense_replace > 0 || m.n_routed_experts == 0)
@@ -58,7 +60,9 @@ RankShare ParallelLayout::share(int rank) const {
   const int64_t moe_tp = p_.world_size / p_.ep;
   s.experts = m_.n_routed_experts > 0 ? part(m_.n_routed_experts, p_.ep, rank / moe_tp) : Range{};
   s.expert_inter = part(m_.moe_intermediate_size, moe_tp, rank % moe_tp);
-  s.shared_inter = part(m_.n_shared_experts * m_.moe_intermediate_size, p_.tp, rank);
+  // The all-to-all combine runs the shared experts whole on each token's owner (no dense partial).
+  s.shared_inter = p_.ep_alltoall ? Range{0, m_.n_shared_experts * m_.moe_intermediate_size}
+                                  : part(m_.n_shared_experts * m_.moe_intermediate_size, p_.tp, rank);
   s.dense_inter = m_.intermediate_size % p_.tp == 0 ? part(m_.intermediate_size, p_.tp, rank) : Range{};
   s.vocab = {std::min(m_.vocab_size, vocab_per_rank_ * rank), std::min(m_.vocab_size, vocab_per_rank_ * (rank + 1))};
   s.dcp_rank = rank % p_.dcp;
@@ -75,6 +79,7 @@ std::string ParallelLayout::describe(int rank) const {
     line += fmt::format(", experts {}..{} inter {}..{}", s.experts.begin, s.experts.end - 1, s.expert_inter.begin,
                         s.expert_inter.end - 1);
   line += fmt::format(", vocab {}..{}", s.vocab.begin, s.vocab.end - 1);
+  if (p_.ep_alltoall) line += ", experts combined by all-to-all, shared experts whole";
   if (p_.dcp > 1) line += fmt::format(", dcp rank {}/{}", s.dcp_rank, p_.dcp);
   return line;
 }

@@ -20,6 +20,11 @@ struct ParallelConfig {
   // over the world_size / ep ranks of its group. 1: TP inside every expert; world_size: whole
   // experts per rank (--enable-expert-parallel).
   int ep = 1;
+  // How expert parallelism combines the experts' outputs (--ep-combine): false, an all-reduce of
+  // every rank's dense partial (the reference); true, an all-to-all of only the rows each rank's
+  // experts serve to the tokens' owners, then an all-gather (model/ep_dispatch.h). Needs ep > 1;
+  // replicates the shared experts on every rank (each owner runs them over its own tokens).
+  bool ep_alltoall = false;
   int dcp = 1;             // decode context parallelism: divides tp; ranks r and r + 1 .. share a DCP group
   int dcp_interleave = 1;  // consecutive tokens stored on one DCP rank before the next takes over
 };

@@ -255,6 +255,8 @@ ModelShard model_shard(const ParallelLayout& layout, int rank, Communicator* com
   m.heads = s.heads.size();
   m.expert_begin = s.experts.begin;
   m.experts = s.experts.size();
+  m.ep_alltoall = p.ep_alltoall && m.experts > 0;
+  m.ep = p.ep;
   m.vocab_begin = s.vocab.begin;
   m.vocab_rows = s.vocab.size();
   m.vocab_per_rank = layout.vocab_per_rank();

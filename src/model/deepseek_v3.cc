@@ -237,9 +237,10 @@ Tensor DeepseekV3Model::forward_local(const ForwardBatch& batch, LatentKvPool& p
 
 bool DeepseekV3Model::graph_eligible(const ForwardBatch& batch, const LatentKvPool& pool, MlaForm form) const {
   const int64_t B = batch.num_seqs();
-  if (&pool != graphs_->pool || shard_.dcp > 1 || !batch.hidden_rows.empty() || batch.input_embeds ||
-      form == MlaForm::Expanded || B > graphs_->max_batch || batch.max_blocks > graphs_->max_blocks ||
-      batch.num_tokens() != B || static_cast<int64_t>(batch.logit_rows.size()) != B)
+  if (&pool != graphs_->pool || shard_.dcp > 1 || shard_.ep_alltoall || !batch.hidden_rows.empty() ||
+      batch.input_embeds || form == MlaForm::Expanded || B > graphs_->max_batch ||
+      batch.max_blocks > graphs_->max_blocks || batch.num_tokens() != B ||
+      static_cast<int64_t>(batch.logit_rows.size()) != B)
     return false;
   for (int64_t i = 0; i < B; ++i)
     if (batch.logit_rows[static_cast<size_t>(i)] != i) return false;
@@ -406,6 +407,7 @@ void DeepseekV3Model::ffn(int64_t l, const float* x, const float* pending, float
   route.norm_weight = w.post_attn_norm.t.data, route.norm_weight_dtype = w.post_attn_norm.t.dtype;
   route.norm_eps = eps, route.norm_residual = pending, route.normed_x = h.f32();
   be_.router(route);
+  if (shard_.ep_alltoall) return moe_alltoall(l, h.f32(), ids.t, wts.t, pending, out, T);
   // Expert parallel: the router ran replicated over every expert; this rank keeps its own.
   const int64_t local_experts = shard_.experts > 0 ? shard_.experts : E;
   if (local_experts != E) be_.expert_slice({ids.t.as<int32_t>(), wts.f32(), T * k, shard_.expert_begin, local_experts});

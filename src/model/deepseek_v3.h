@@ -113,6 +113,10 @@ class DeepseekV3Model {
   void attention(int64_t layer, const float* x, const float* pending, float* out, const StepInputs& in,
                  LatentKvPool& pool);
   void ffn(int64_t layer, const float* x, const float* pending, float* out, int64_t T);
+  // The MoE combine by all-to-all (moe_alltoall.cc): h [T, H] the normed input, ids and wts [T, k]
+  // the router's choices (global expert ids), out [T, H] = pending + shared + routed experts.
+  void moe_alltoall(int64_t layer, const float* h, const Tensor& ids, const Tensor& wts, const float* pending,
+                    float* out, int64_t T);
   // Decode context parallelism's two collectives parts of attention (mla_attention.cc).
   void absorbed_dcp(const float* qa, float* lat, const StepInputs& in, LatentKvPool& pool, int64_t layer);
   void gather_dcp(float* kv, const StepInputs& in, LatentKvPool& pool, int64_t layer);

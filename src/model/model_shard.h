@@ -25,6 +25,12 @@ struct ModelShard {
   // table's first slots); other ranks write it to one spare row past the pool's slots. Each rank
   // attends over its own rows for every rank's heads and the parts merge by log-sum-exp.
   int dcp = 1, dcp_rank = 0;
+  // Expert parallelism's combine (model/ep_dispatch.h): false sums every rank's partial [T, H] by
+  // all-reduce; true sends each rank's routed partials only for the tokens its experts serve to the
+  // token's owner (all-to-all), the owner adds the (replicated) shared experts and the residual, and
+  // the owners' blocks are all-gathered. `ep` expert groups of `experts` each (TP inside a group).
+  bool ep_alltoall = false;
+  int ep = 1;
 
   bool sharded() const { return comm != nullptr; }
 };

@@ -81,10 +81,13 @@ TEST(MultiProcessModel, ScoreMatchesOneProcess) {
   const RunResult flags = two_by_flags(args + " --tp 2");
   ASSERT_EQ(flags.exit_code, 0) << flags.out;
   expect_near(logprobs(flags), want, "--nnodes 2 --tp 2");
-  // Expert parallelism across the processes: the all-to-all over TCP.
+  // Expert parallelism across the processes, combined by all-reduce and by all-to-all over TCP.
   const RunResult ep = two_by_flags(args + " --tp 2 --enable-expert-parallel");
   ASSERT_EQ(ep.exit_code, 0) << ep.out;
   expect_near(logprobs(ep), want, "--nnodes 2 --tp 2 --enable-expert-parallel");
+  const RunResult a2a = two_by_flags(args + " --tp 4 --enable-expert-parallel --ep-combine alltoall");
+  ASSERT_EQ(a2a.exit_code, 0) << a2a.out;
+  expect_near(logprobs(a2a), want, "--nnodes 2 --tp 4 --enable-expert-parallel --ep-combine alltoall");
   // Two ranks per process: threads inside each, a TCP group of all four ranks between them.
   const RunResult four = two_by_flags(args + " --tp 4");
   ASSERT_EQ(four.exit_code, 0) << four.out;

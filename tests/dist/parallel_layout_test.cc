@@ -84,6 +84,21 @@ TEST(ParallelLayout, ExpertParallelGivesWholeExpertsPerRank) {
   expect_partition(experts, 256, "experts");
 }
 
+TEST(ParallelLayout, AllToAllCombineKeepsTheSharedExpertsWhole) {
+  ModelConfig m;
+  ParallelConfig p = tp(8, 8);
+  p.ep_alltoall = true;
+  const ParallelLayout layout(p, m);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(layout.share(r).experts, (Range{32 * r, 32 * (r + 1)}));
+    EXPECT_EQ(layout.share(r).shared_inter, (Range{0, 2048}));  // each token's owner runs them whole
+  }
+  p = tp(8);
+  p.ep_alltoall = true;
+  EXPECT_EQ(layout_error(p, m),
+            "--ep-combine alltoall: needs expert parallelism (--enable-expert-parallel) on more than one rank");
+}
+
 TEST(ParallelLayout, TwelveHeadFixtureAtTp2AndTp4) {
   const ModelConfig m = fixture("h12_qlora_grouped_yarn");
   for (int n : {2, 4}) {
