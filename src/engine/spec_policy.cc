@@ -53,6 +53,7 @@ StepCostModel::Bucket& StepCostModel::at(int64_t rows) {
   const auto b = static_cast<size_t>(bucket(rows));
   if (buckets_.size() <= b) buckets_.resize(b + 1);
   if (buckets_[b].verify.empty()) buckets_[b].verify.resize(static_cast<size_t>(max_k_) + 1);
+  buckets_[b].rows = rows;
   return buckets_[b];
 }
 
@@ -182,8 +183,9 @@ std::string StepCostModel::to_json() const {
   for (const Bucket& b : buckets_) {
     if (b.plain.n > 0) j["plain"].push_back({{"rows", std::llround(b.plain.x)}, {"seconds", b.plain.t}});
     if (b.draft.n > 0) j["draft"].push_back({{"rows", std::llround(b.draft.x)}, {"seconds", b.draft.t}});
-    // The verify cells' rows are the bucket's plain rows where known (cells keep drafts per row).
-    const int64_t rows = b.plain.n > 0 ? std::llround(b.plain.x) : std::llround(b.draft.x);
+    // The verify cells' rows are the bucket's plain rows where known (cells keep drafts per row),
+    // else a batch timed in this bucket: never 0, which would reload them at one row.
+    const int64_t rows = b.plain.n > 0 ? std::llround(b.plain.x) : b.rows;
     for (const Cell& v : b.verify)
       if (v.n > 0) j["verify"].push_back({{"rows", rows}, {"drafts_per_row", v.x}, {"seconds", v.t}});
   }

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -255,6 +257,26 @@ TEST(SpecPolicy, TableFileSeedsTheModelAndRoundTrips) {
   StepCostModel reloaded(cfg, 4);
   EXPECT_EQ(reloaded.to_json(), json);
   std::filesystem::remove(path);
+}
+
+// A bucket where only verify steps were timed (its plain mode never probed, its drafts timed at
+// the drafting rows' own bucket) keeps its batch size in the learned table: reloaded, the times
+// land in the same bucket, not at one row.
+TEST(SpecPolicy, VerifyOnlyBucketRoundTripsToItsOwnBatch) {
+  StepCostModel c(adaptive(), 4);
+  c.add_verify(10, 2, 0.01);
+  c.add_draft(6, 0.001);
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("kiln_spec_policy_verify_only_" + std::to_string(::getpid()) + ".json"))
+                        .string();
+  std::ofstream(path) << c.to_json();
+  SpecPolicyConfig cfg = adaptive();
+  cfg.table_path = path;
+  StepCostModel reloaded(cfg, 4);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(reloaded.has_verify(10)) << c.to_json();
+  EXPECT_FALSE(reloaded.has_verify(1)) << c.to_json();
+  EXPECT_EQ(reloaded.to_json(), c.to_json());
 }
 
 TEST(SpecPolicy, PriorAloneDerivesTheMissingMode) {
