@@ -279,6 +279,34 @@ TEST(SpecPolicy, VerifyOnlyBucketRoundTripsToItsOwnBatch) {
   EXPECT_EQ(reloaded.to_json(), c.to_json());
 }
 
+// A table entry the model cannot use is refused by name: a zero time would divide the
+// throughputs by zero (every decision NaN), a negative one or a batch of no rows is no step.
+TEST(SpecPolicy, BadTableEntriesAreRefused) {
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("kiln_spec_policy_bad_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  SpecPolicyConfig cfg = adaptive();
+  cfg.table_path = path;
+  for (const char* bad : {R"({"plain": [{"rows": 4, "seconds": 0}]})", R"({"plain": [{"rows": 4, "seconds": -1}]})",
+                          R"({"plain": [{"rows": 0, "seconds": 0.001}]})",
+                          R"({"verify": [{"rows": 4, "drafts_per_row": -2, "seconds": 0.001}]})",
+                          R"({"draft": [{"rows": -3, "seconds": 0.001}]})"}) {
+    std::ofstream(path) << bad;
+    EXPECT_THROW(
+        {
+          try {
+            StepCostModel c(cfg, 4);
+          } catch (const std::exception& e) {
+            EXPECT_NE(std::string(e.what()).find("bad step-time table"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        std::exception)
+        << bad;
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(SpecPolicy, PriorAloneDerivesTheMissingMode) {
   StepCostModel c(adaptive(), 4);
   EXPECT_DOUBLE_EQ(c.plain(1), 1.0);  // nothing measured: relative units
