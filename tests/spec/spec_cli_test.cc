@@ -108,6 +108,10 @@ TEST(SpecCli, RefusesWhatIsNotBuiltOrInconsistent) {
   EXPECT_NE(bad_policy.out.find("--speculative-policy"), std::string::npos) << bad_policy.out;
   const RunResult fixed = run_kiln(base + kDraft + " --speculative-policy fixed");
   EXPECT_EQ(fixed.exit_code, 0) << fixed.out;
+  // The policy's longest interval is 16x this one: a value that overflows it is refused by name.
+  const RunResult huge_probe = run_kiln(base + kDraft + " --speculative-probe-interval 1000000000000000000");
+  EXPECT_NE(huge_probe.exit_code, 0);
+  EXPECT_NE(huge_probe.out.find("--speculative-probe-interval"), std::string::npos) << huge_probe.out;
 }
 
 }  // namespace
