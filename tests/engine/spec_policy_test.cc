@@ -227,7 +227,9 @@ TEST(SpecPolicy, NeverMeasurablySlowerThanPlainOverDevicesAndLoads) {
 }
 
 TEST(SpecPolicy, TableFileSeedsTheModelAndRoundTrips) {
-  const auto path = (std::filesystem::temp_directory_path() / "kiln_spec_policy_table.json").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("kiln_spec_policy_table_" + std::to_string(::getpid()) + ".json"))
+          .string();
   {
     std::ofstream f(path);
     f << R"({"plain": [{"rows": 4, "seconds": 0.001}],

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -75,7 +77,9 @@ TEST(SpecCli, GenerateGivesTheSameGreedyIdsWithTheMtpLayer) {
 }
 
 TEST(SpecCli, BenchModelReportsMtpAcceptance) {
-  const std::string json = (std::filesystem::temp_directory_path() / "kiln_spec_bench_model_mtp_test.json").string();
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("kiln_spec_bench_model_mtp_test_" + std::to_string(::getpid()) + ".json"))
+                               .string();
   const RunResult r = run_kiln("bench model --model " + model("kiln-tiny") +
                                " --batch-sizes 1,2 --prompt-len 8 --decode-steps 12 --no-warmup --json " + json +
                                " --speculative-algorithm mtp --speculative-num-tokens 2");
