@@ -95,7 +95,8 @@ run() {  # name step_ms output_len concurrency num_prompts
     echo "  the server exited during run $name: see $OUT/$name.server.log" | tee -a "$OUT/summary.txt"
     c1=$c0
   }
-  rss=$(awk '/^VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
+  # (A server that exited has no /proc entry: under set -e a bare awk would end the script here; None in the JSON.)
+  rss=$(awk '/^VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$pid/status" 2>/dev/null) || rss=None
   threads=$(sort -n "$OUT/$name.threads" | tail -1)
   kill "$pid" 2>/dev/null || true
   kill "$sampler" 2>/dev/null || true

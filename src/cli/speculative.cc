@@ -39,7 +39,9 @@ SpecPolicyConfig spec_policy_config(const SpeculativeFlags& f) {
 
 void check_speculative_flags(const SpeculativeFlags& f) {
   parse_spec_policy_mode(f.policy);
-  KILN_CHECK(f.probe_interval >= 1, "--speculative-probe-interval must be >= 1, got {}", f.probe_interval);
+  // The policy's longest interval is 16x this one (spec_policy_config): bounded so that it cannot overflow.
+  KILN_CHECK(f.probe_interval >= 1 && f.probe_interval <= (int64_t{1} << 40),
+             "--speculative-probe-interval must be in [1, 2^40], got {}", f.probe_interval);
   if (f.algorithm.empty()) {
     KILN_CHECK(f.model.empty(), "--speculative-model needs --speculative-algorithm draft, mtp or dspark");
     return;

@@ -61,8 +61,12 @@ Fd::~Fd() {
 }
 
 Clock::time_point deadline_after(double seconds) {
-  if (seconds <= 0) return Clock::time_point::max();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const Clock::time_point now = Clock::now();
+  // 0 (or less): none; so is a wait past what the clock can count (inf, 1e300), which converted
+  // to its integer ticks would overflow (undefined, in practice a deadline already past).
+  const double left = std::chrono::duration<double>(Clock::time_point::max() - now).count();
+  if (seconds <= 0 || !(seconds < left / 2)) return Clock::time_point::max();
+  return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 Fd listen_tcp(const std::string& host, int port) {

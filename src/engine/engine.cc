@@ -232,6 +232,11 @@ void Engine::loop() {
   for (auto& [id, seq] : seqs_) left.push_back(seq.get());
   for (Sequence* s : left) finish(s, FinishReason::Abort, "the engine shut down");
   flush();
+  {  // nothing will run any more: release wait_idle(), which would otherwise wait for ever
+    std::lock_guard lock(mu_);
+    busy_ = false;
+  }
+  idle_.notify_all();
   // What the adaptive policy measured, in the form --speculative-policy-table reads.
   if (policy_ && cfg_.spec_policy.mode == SpecPolicyMode::Adaptive)
     spdlog::info("speculation policy: step times learned: {}", policy_->costs().to_json());

@@ -53,6 +53,7 @@ StepCostModel::Bucket& StepCostModel::at(int64_t rows) {
   const auto b = static_cast<size_t>(bucket(rows));
   if (buckets_.size() <= b) buckets_.resize(b + 1);
   if (buckets_[b].verify.empty()) buckets_[b].verify.resize(static_cast<size_t>(max_k_) + 1);
+  buckets_[b].rows = rows;
   return buckets_[b];
 }
 
@@ -165,12 +166,26 @@ void StepCostModel::load(const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);
-    for (const auto& e : j.value("plain", nlohmann::json::array()))
-      add_plain(e.at("rows").get<int64_t>(), e.at("seconds").get<double>());
-    for (const auto& e : j.value("verify", nlohmann::json::array()))
-      add_verify(e.at("rows").get<int64_t>(), e.at("drafts_per_row").get<double>(), e.at("seconds").get<double>());
-    for (const auto& e : j.value("draft", nlohmann::json::array()))
-      add_draft(e.at("rows").get<int64_t>(), e.at("seconds").get<double>());
+    // A time of 0 would divide the throughputs by zero; no rows or negative values are no step.
+    auto rows = [&](const nlohmann::json& e) {
+      const auto r = e.at("rows").get<int64_t>();
+      KILN_CHECK(r >= 1, "speculation policy: bad step-time table {}: rows {} (must be >= 1)", path, r);
+      return r;
+    };
+    auto seconds = [&](const nlohmann::json& e) {
+      const auto t = e.at("seconds").get<double>();
+      KILN_CHECK(std::isfinite(t) && t > 0, "speculation policy: bad step-time table {}: seconds {} (must be > 0)",
+                 path, t);
+      return t;
+    };
+    for (const auto& e : j.value("plain", nlohmann::json::array())) add_plain(rows(e), seconds(e));
+    for (const auto& e : j.value("verify", nlohmann::json::array())) {
+      const auto x = e.at("drafts_per_row").get<double>();
+      KILN_CHECK(std::isfinite(x) && x >= 0,
+                 "speculation policy: bad step-time table {}: drafts_per_row {} (must be >= 0)", path, x);
+      add_verify(rows(e), x, seconds(e));
+    }
+    for (const auto& e : j.value("draft", nlohmann::json::array())) add_draft(rows(e), seconds(e));
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("speculation policy: bad step-time table {}: {}", path, e.what()));
   }
@@ -182,8 +197,9 @@ std::string StepCostModel::to_json() const {
   for (const Bucket& b : buckets_) {
     if (b.plain.n > 0) j["plain"].push_back({{"rows", std::llround(b.plain.x)}, {"seconds", b.plain.t}});
     if (b.draft.n > 0) j["draft"].push_back({{"rows", std::llround(b.draft.x)}, {"seconds", b.draft.t}});
-    // The verify cells' rows are the bucket's plain rows where known (cells keep drafts per row).
-    const int64_t rows = b.plain.n > 0 ? std::llround(b.plain.x) : std::llround(b.draft.x);
+    // The verify cells' rows are the bucket's plain rows where known (cells keep drafts per row),
+    // else a batch timed in this bucket: never 0, which would reload them at one row.
+    const int64_t rows = b.plain.n > 0 ? std::llround(b.plain.x) : b.rows;
     for (const Cell& v : b.verify)
       if (v.n > 0) j["verify"].push_back({{"rows", rows}, {"drafts_per_row", v.x}, {"seconds", v.t}});
   }

@@ -108,6 +108,7 @@ class StepCostModel {
   struct Bucket {
     Cell plain, draft;         // draft.x: rows
     std::vector<Cell> verify;  // by round(drafts per row); x: drafts per row
+    int64_t rows = 0;          // the last batch timed here (to_json's rows for verify cells)
   };
   double prior_ratio(double drafts_per_row) const;  // verify / plain before anything is measured
   double verify_here(const Bucket& b, double x, double p) const;

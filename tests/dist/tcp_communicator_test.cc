@@ -6,11 +6,13 @@
 #include <signal.h>
 
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 
 #include "child_process.h"
 #include "collective_expect.h"
 #include "core/error.h"
+#include "dist/socket.h"
 #include "dist/tcp_communicator.h"
 #include "test_util.h"
 
@@ -152,6 +154,16 @@ TEST(TcpCommunicator, PeerWatchNamesAKilledProcessWithoutReading) {
   std::this_thread::sleep_for(100ms);
   graced.reset();
   EXPECT_FALSE(called);
+}
+
+// --dist-timeout and the op timeout are user doubles: one past what a steady_clock duration holds
+// (1e300, inf) means no deadline, not a float-to-integer overflow that lands in the past.
+TEST(TcpCommunicator, HugeTimeoutsMeanNoDeadline) {
+  const auto never = dist::Clock::time_point::max();
+  EXPECT_EQ(dist::deadline_after(0), never);
+  EXPECT_EQ(dist::deadline_after(1e300), never);
+  EXPECT_EQ(dist::deadline_after(std::numeric_limits<double>::infinity()), never);
+  EXPECT_GT(dist::deadline_after(1e6), dist::Clock::now() + std::chrono::hours(24));
 }
 
 TEST(TcpCommunicator, RendezvousWithAMissingRankTimesOutOnEveryRank) {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -277,6 +279,22 @@ TEST(Engine, CancelFreesTheBlocks) {
     EXPECT_EQ(e.stats().requests_aborted, 2);
     EXPECT_EQ(e.stats().blocks_free + e.stats().blocks_cached, base.blocks_free);
   }
+}
+
+// stop() mid-run: the running request ends aborted, submit() refuses, and a thread waiting for
+// the engine to go idle is released rather than left waiting for work that will never finish.
+TEST(Engine, StopMidRunAbortsAndReleasesWaiters) {
+  Engine e(*fixture().model, small_config(16, 160));
+  RequestStream s = e.submit(greedy(random_prompt(30, 7), 2400));
+  ASSERT_TRUE(s.next().has_value());  // it is running
+  auto idle = std::async(std::launch::async, [&] { e.wait_idle(); });
+  e.stop();
+  OutputChunk rest;
+  while (auto c = s.next()) rest.merge(std::move(*c));
+  EXPECT_EQ(rest.finish, FinishReason::Abort);
+  EXPECT_THROW(e.submit(greedy(random_prompt(5, 8), 4)), Error);
+  ASSERT_EQ(idle.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "wait_idle() hangs after stop()";
+  e.stop();  // idempotent
 }
 
 TEST(Engine, SeedGivesTheSameTokensWhateverElseIsBatched) {

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -225,7 +227,9 @@ TEST(SpecPolicy, NeverMeasurablySlowerThanPlainOverDevicesAndLoads) {
 }
 
 TEST(SpecPolicy, TableFileSeedsTheModelAndRoundTrips) {
-  const auto path = (std::filesystem::temp_directory_path() / "kiln_spec_policy_table.json").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("kiln_spec_policy_table_" + std::to_string(::getpid()) + ".json"))
+          .string();
   {
     std::ofstream f(path);
     f << R"({"plain": [{"rows": 4, "seconds": 0.001}],
@@ -254,6 +258,54 @@ TEST(SpecPolicy, TableFileSeedsTheModelAndRoundTrips) {
   std::ofstream(path) << json;
   StepCostModel reloaded(cfg, 4);
   EXPECT_EQ(reloaded.to_json(), json);
+  std::filesystem::remove(path);
+}
+
+// A bucket where only verify steps were timed (its plain mode never probed, its drafts timed at
+// the drafting rows' own bucket) keeps its batch size in the learned table: reloaded, the times
+// land in the same bucket, not at one row.
+TEST(SpecPolicy, VerifyOnlyBucketRoundTripsToItsOwnBatch) {
+  StepCostModel c(adaptive(), 4);
+  c.add_verify(10, 2, 0.01);
+  c.add_draft(6, 0.001);
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("kiln_spec_policy_verify_only_" + std::to_string(::getpid()) + ".json"))
+                        .string();
+  std::ofstream(path) << c.to_json();
+  SpecPolicyConfig cfg = adaptive();
+  cfg.table_path = path;
+  StepCostModel reloaded(cfg, 4);
+  std::filesystem::remove(path);
+  EXPECT_TRUE(reloaded.has_verify(10)) << c.to_json();
+  EXPECT_FALSE(reloaded.has_verify(1)) << c.to_json();
+  EXPECT_EQ(reloaded.to_json(), c.to_json());
+}
+
+// A table entry the model cannot use is refused by name: a zero time would divide the
+// throughputs by zero (every decision NaN), a negative one or a batch of no rows is no step.
+TEST(SpecPolicy, BadTableEntriesAreRefused) {
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("kiln_spec_policy_bad_" + std::to_string(::getpid()) + ".json"))
+          .string();
+  SpecPolicyConfig cfg = adaptive();
+  cfg.table_path = path;
+  for (const char* bad : {R"({"plain": [{"rows": 4, "seconds": 0}]})", R"({"plain": [{"rows": 4, "seconds": -1}]})",
+                          R"({"plain": [{"rows": 0, "seconds": 0.001}]})",
+                          R"({"verify": [{"rows": 4, "drafts_per_row": -2, "seconds": 0.001}]})",
+                          R"({"draft": [{"rows": -3, "seconds": 0.001}]})"}) {
+    std::ofstream(path) << bad;
+    EXPECT_THROW(
+        {
+          try {
+            StepCostModel c(cfg, 4);
+          } catch (const std::exception& e) {
+            EXPECT_NE(std::string(e.what()).find("bad step-time table"), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        std::exception)
+        << bad;
+  }
   std::filesystem::remove(path);
 }
 

@@ -2,6 +2,8 @@
 // it decides, greedy output is the plain engine's; with a step-time table that makes verifying
 // cheap it speculates, and with a drafter whose proposals are always wrong it measures that
 // speculation does not pay and decodes plainly on the overlapped loop, probing now and then.
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "engine_spec_util.h"
@@ -26,7 +28,9 @@ EngineConfig adaptive(int64_t k, std::shared_ptr<Speculator> speculator = nullpt
 // a draft forward `draft` ms. The tests freeze it (no online measurement): this shared CPU's own
 // step times are too noisy to decide on, and the decisions should follow acceptance alone.
 std::string table(const std::string& name, double serial, double per_draft, double draft) {
-  const auto path = (std::filesystem::temp_directory_path() / ("kiln_engine_spec_policy_" + name + ".json")).string();
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("kiln_engine_spec_policy_" + name + "_" + std::to_string(::getpid()) + ".json"))
+                        .string();
   nlohmann::json j = {
       {"plain", nlohmann::json::array()}, {"verify", nlohmann::json::array()}, {"draft", nlohmann::json::array()}};
   for (int64_t rows = 1; rows <= 8; ++rows) {

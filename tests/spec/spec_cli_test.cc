@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -76,7 +78,9 @@ TEST(SpecCli, GenerateGivesTheSameGreedyIdsWithTheMtpLayer) {
 }
 
 TEST(SpecCli, BenchModelReportsMtpAcceptance) {
-  const std::string json = (std::filesystem::temp_directory_path() / "kiln_spec_bench_model_mtp_test.json").string();
+  const std::string json = (std::filesystem::temp_directory_path() /
+                            ("kiln_spec_bench_model_mtp_test_" + std::to_string(::getpid()) + ".json"))
+                               .string();
   const RunResult r = run_kiln("bench model --model " + model("kiln-tiny") +
                                " --batch-sizes 1,2 --prompt-len 8 --decode-steps 12 --no-warmup --json " + json +
                                " --speculative-algorithm mtp --speculative-num-tokens 2");
@@ -128,6 +132,10 @@ TEST(SpecCli, RefusesWhatIsNotBuiltOrInconsistent) {
   EXPECT_NE(bad_policy.out.find("--speculative-policy"), std::string::npos) << bad_policy.out;
   const RunResult fixed = run_kiln(base + kDraft + " --speculative-policy fixed");
   EXPECT_EQ(fixed.exit_code, 0) << fixed.out;
+  // The policy's longest interval is 16x this one: a value that overflows it is refused by name.
+  const RunResult huge_probe = run_kiln(base + kDraft + " --speculative-probe-interval 1000000000000000000");
+  EXPECT_NE(huge_probe.exit_code, 0);
+  EXPECT_NE(huge_probe.out.find("--speculative-probe-interval"), std::string::npos) << huge_probe.out;
 }
 
 }  // namespace
