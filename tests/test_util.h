@@ -56,6 +56,28 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
+// A free port whose next one is free too: a multi-process run with several ranks per process
+// forms its second group on the rendezvous port + 1.
+inline int free_port_pair() {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    const int port = ntohs(a.sin_port);
+    const int next = socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_port = htons(static_cast<uint16_t>(port + 1));
+    const bool ok = port < 65535 && bind(next, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(next);
+    close(fd);
+    if (ok) return port;
+  }
+  return free_port();
+}
+
 // The checkout this test was built from (KILN_TEST_DATA is its tests/data).
 inline std::filesystem::path repo_root() {
   return std::filesystem::path(KILN_TEST_DATA).parent_path().parent_path();

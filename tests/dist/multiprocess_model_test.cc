@@ -45,7 +45,7 @@ nlohmann::json json_line(const RunResult& r, const std::string& head) {
 
 // Two processes started by hand: rank 1 in the background, rank 0 in front; both under timeout.
 RunResult two_by_flags(const std::string& args) {
-  const std::string addr = " --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port());
+  const std::string addr = " --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port_pair());
   const std::string cmd = "timeout 120 " + kiln() + " --log-level warn " + args + addr;
   return run_shell(cmd + " --node-rank 1 & " + cmd + " --node-rank 0; r=$?; wait $! && exit $r");
 }
@@ -55,7 +55,7 @@ RunResult two_by_flags(const std::string& args) {
 RunResult two_by_mpirun(const std::string& args) {
   return run_shell(
       "timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" +
-      std::to_string(free_port()) + " " + kiln() + " --log-level warn " + args);
+      std::to_string(free_port_pair()) + " " + kiln() + " --log-level warn " + args);
 }
 
 std::vector<double> logprobs(const RunResult& r) {
@@ -147,7 +147,7 @@ TEST(MultiProcessModel, BenchModelRunsOverTwoProcesses) {
 TEST(MultiProcessModel, KillingARankMidRunEndsTheOtherNamingIt) {
   for (int killed : {1, 0}) {
     const int survivor = 1 - killed;
-    const std::string addr = " --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port());
+    const std::string addr = " --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port_pair());
     auto rank = [&](int r) {
       return kiln() + " generate --model " + tiny() +
              " --prompt-ids 1,2,3,4,5 --max-tokens 2000 --temperature 0 --ignore-eos --tp 2 --node-rank " +
@@ -171,7 +171,7 @@ TEST(MultiProcessModel, KillingARankMidRunEndsTheOtherNamingIt) {
 // in flight to fail with its own message), naming the worker, rather than serve a broken group.
 TEST(MultiProcessModel, IdleServerEndsWhenAWorkerIsKilled) {
   const std::string args = " serve --model " + tiny() +
-                           " --port 0 --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port()) +
+                           " --port 0 --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port_pair()) +
                            " --node-rank ";
   const std::string log = ::testing::TempDir() + "multiprocess_serve_" + std::to_string(getpid()) + ".log";
   const RunResult res = run_shell("timeout 30 " + kiln() + args + "0 2>" + log + " & other=$!; " + kiln() + args +
@@ -198,7 +198,7 @@ TEST(MultiProcessModel, ContradictingFlagsAreNamed) {
   EXPECT_NE(r.out.find("--nnodes 3 but openmpi started 2 processes"), std::string::npos) << r.out;
   // A rank that never comes: the rendezvous names it.
   r = run_kiln("score --model " + tiny() + " --ids 1,2,3 --tp 2 --nnodes 2 --node-rank 0 --dist-timeout 1 " +
-               "--dist-init-addr 127.0.0.1:" + std::to_string(free_port()));
+               "--dist-init-addr 127.0.0.1:" + std::to_string(free_port_pair()));
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("rank 1 missing"), std::string::npos) << r.out;
 }
