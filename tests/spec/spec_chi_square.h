@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <utility>
 
@@ -65,6 +66,15 @@ inline ChiSquare pair_chi_square(const std::vector<std::vector<int32_t>>& got, i
       ++r.cells;
     }
   return r;
+}
+
+// The verdict over top-p cells: several of them, and chi-square under its 0.999 quantile; prints
+// it with how many of the `samples` drafts were `accepted`.
+inline void expect_under_chi2_999(const ChiSquare& r, int samples, int64_t accepted) {
+  ASSERT_GE(r.cells, 4) << "top-p must leave several cells";
+  EXPECT_LT(r.chi2, chi2_999(r.cells - 1));
+  std::printf("chi-square %.2f over %d cells (0.999 quantile %.1f), %d samples, %lld of %d drafts accepted\n", r.chi2,
+              r.cells, chi2_999(r.cells - 1), samples, static_cast<long long>(accepted), samples);
 }
 
 }  // namespace kiln::spec
