@@ -11,10 +11,25 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "kv/block_allocator.h"
 #include "spec/drafter.h"
 
 namespace kiln::spec {
+
+// How many blocks of `block_size` a drafter's cache of `tokens` tokens gets: the target's pool
+// took its share of memory first, so at most half of `free_bytes` (sequences that do not fit then
+// lose their draft cache and rebuild it, see reserve_draft_blocks). Logs the size as `what`.
+inline int64_t draft_cache_blocks(std::string_view what, int64_t tokens, int64_t block_size, int64_t bytes_per_block,
+                                  int64_t free_bytes) {
+  const int64_t affordable = free_bytes / 2 / std::max<int64_t>(1, bytes_per_block);
+  const int64_t blocks = std::max<int64_t>(1, std::min(kv::blocks_for(tokens, block_size), affordable));
+  if (blocks < kv::blocks_for(tokens, block_size))
+    spdlog::warn("{}: {} tokens of the {} asked fit in half the free memory", what, blocks * block_size, tokens);
+  spdlog::info("{}: {} tokens ({} blocks of {}, {:.1f} MiB)", what, blocks * block_size, blocks, block_size,
+               static_cast<double>(blocks * bytes_per_block) / (1 << 20));
+  return blocks;
+}
 
 // Checks k and sizes `out` for `seqs` (all zeros); false when there is nothing to draft.
 inline bool begin_proposal(std::string_view who, std::span<const DraftInput> seqs, int64_t k, int64_t vocab,

@@ -29,12 +29,8 @@ void MtpDrafter::size_cache(int64_t tokens) {
   int64_t bytes_per_block = 0;
   for (const auto& l : layer_->new_pool(1, bs).layers) bytes_per_block += static_cast<int64_t>(l.t.nbytes());
   // One layer's rows: small beside the target's pool; still at most half of what is left.
-  const int64_t affordable = layer_->backend().free_memory_bytes() / 2 / std::max<int64_t>(1, bytes_per_block);
-  const int64_t blocks = std::max<int64_t>(1, std::min(kv::blocks_for(tokens, bs), affordable));
-  if (blocks < kv::blocks_for(tokens, bs))
-    spdlog::warn("MTP layer KV cache: {} tokens of the {} asked fit in half the free memory", blocks * bs, tokens);
-  spdlog::info("MTP layer KV cache: {} tokens ({} blocks of {}, {:.1f} MiB)", blocks * bs, blocks, bs,
-               static_cast<double>(blocks * bytes_per_block) / (1 << 20));
+  const int64_t blocks =
+      draft_cache_blocks("MTP layer KV cache", tokens, bs, bytes_per_block, layer_->backend().free_memory_bytes());
   pool_ = layer_->new_pool(blocks, bs);
   alloc_ = std::make_unique<kv::BlockAllocator>(blocks);
 }

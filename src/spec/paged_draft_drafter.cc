@@ -22,16 +22,10 @@ void PagedDraftModelDrafter::size_cache(int64_t tokens) {
   const int64_t bs = pool_.block_size;
   seqs_.clear();
   pool_ = {};  // the old pool goes before the new one is allocated
-  // The target's pool took its share of memory first: use at most half of what is left (sequences
-  // that do not fit then lose their draft cache and rebuild it, see reserve()).
   int64_t bytes_per_block = 0;
   for (const auto& layer : draft_.new_pool(1, bs).layers) bytes_per_block += static_cast<int64_t>(layer.t.nbytes());
-  const int64_t affordable = draft_.backend().free_memory_bytes() / 2 / std::max<int64_t>(1, bytes_per_block);
-  const int64_t blocks = std::max<int64_t>(1, std::min(kv::blocks_for(tokens, bs), affordable));
-  if (blocks < kv::blocks_for(tokens, bs))
-    spdlog::warn("draft model KV cache: {} tokens of the {} asked fit in half the free memory", blocks * bs, tokens);
-  spdlog::info("draft model KV cache: {} tokens ({} blocks of {}, {:.1f} MiB)", blocks * bs, blocks, bs,
-               static_cast<double>(blocks * bytes_per_block) / (1 << 20));
+  const int64_t blocks =
+      draft_cache_blocks("draft model KV cache", tokens, bs, bytes_per_block, draft_.backend().free_memory_bytes());
   pool_ = draft_.new_pool(blocks, bs);
   alloc_ = std::make_unique<kv::BlockAllocator>(blocks);
 }
