@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/sampling_rng.h"
+#include "spec/draft_cache.h"
 #include "spec/hidden_states.h"
 #include "spec/verifier.h"
 
@@ -28,12 +29,8 @@ void MtpDrafter::size_cache(int64_t tokens) {
   int64_t bytes_per_block = 0;
   for (const auto& l : layer_->new_pool(1, bs).layers) bytes_per_block += static_cast<int64_t>(l.t.nbytes());
   // One layer's rows: small beside the target's pool; still at most half of what is left.
-  const int64_t affordable = layer_->backend().free_memory_bytes() / 2 / std::max<int64_t>(1, bytes_per_block);
-  const int64_t blocks = std::max<int64_t>(1, std::min(kv::blocks_for(tokens, bs), affordable));
-  if (blocks < kv::blocks_for(tokens, bs))
-    spdlog::warn("MTP layer KV cache: {} tokens of the {} asked fit in half the free memory", blocks * bs, tokens);
-  spdlog::info("MTP layer KV cache: {} tokens ({} blocks of {}, {:.1f} MiB)", blocks * bs, blocks, bs,
-               static_cast<double>(blocks * bytes_per_block) / (1 << 20));
+  const int64_t blocks =
+      draft_cache_blocks("MTP layer KV cache", tokens, bs, bytes_per_block, layer_->backend().free_memory_bytes());
   pool_ = layer_->new_pool(blocks, bs);
   alloc_ = std::make_unique<kv::BlockAllocator>(blocks);
 }
@@ -72,29 +69,13 @@ void MtpDrafter::accept_hidden(int64_t seq_id, int64_t first, int64_t rows, std:
 }
 
 void MtpDrafter::reserve(int64_t id, SeqState& st, int64_t tokens, std::span<const DraftInput> busy) {
-  const int64_t need = kv::blocks_for(tokens, pool_.block_size) - static_cast<int64_t>(st.blocks.size());
-  if (need <= 0) return;
-  if (alloc_->num_free() < need)  // other sequences' caches go; they are rebuilt when next drafted
-    for (auto& [other, s] : seqs_) {
-      if (other == id || s.blocks.empty() ||
-          std::any_of(busy.begin(), busy.end(), [&](const DraftInput& in) { return in.seq_id == other; }))
-        continue;
-      drop(s);
-      if (alloc_->num_free() >= need) break;
-    }
-  KILN_CHECK(alloc_->num_free() >= need,
-             "MTP drafter: its KV pool ({} blocks of {}) cannot hold the {} sequences drafted together",
-             alloc_->num_blocks(), pool_.block_size, busy.size());
-  for (int64_t i = 0; i < need; ++i) st.blocks.push_back(alloc_->allocate());
+  reserve_draft_blocks("MTP drafter", *alloc_, pool_.block_size, seqs_, id, st.blocks, tokens, busy,
+                       [&](SeqState& s) { drop(s); });
 }
 
 void MtpDrafter::propose(std::span<const DraftInput> seqs, int64_t k, DraftOutput& out) {
-  const int64_t vocab = vocab_size(), B = static_cast<int64_t>(seqs.size());
-  KILN_CHECK(k >= 1, "MTP drafter: number of draft tokens must be >= 1, got {}", k);
-  out.num_seqs = B, out.k = k, out.vocab = vocab;
-  out.tokens.assign(static_cast<size_t>(B * k), 0);
-  out.probs.assign(static_cast<size_t>(B * k * vocab), 0.0f);
-  if (B == 0) return;
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  if (!begin_proposal("MTP drafter", seqs, k, vocab_size(), out)) return;
   std::vector<SeqState*> st(static_cast<size_t>(B));
   std::vector<int64_t> first(static_cast<size_t>(B)), missing(static_cast<size_t>(B), -1);
   for (int64_t s = 0; s < B; ++s) {
@@ -102,10 +83,7 @@ void MtpDrafter::propose(std::span<const DraftInput> seqs, int64_t k, DraftOutpu
     const auto n = static_cast<int64_t>(in.context.size());
     KILN_CHECK(n >= 2, "MTP drafter: sequence {} has {} tokens; drafting needs the prompt and a first output",
                in.seq_id, n);
-    KILN_CHECK(in.sampling, "MTP drafter: sequence {} has no sampling parameters", in.seq_id);
-    for (int64_t o = 0; o < s; ++o)
-      KILN_CHECK(seqs[static_cast<size_t>(o)].seq_id != in.seq_id, "MTP drafter: sequence {} is drafted twice",
-                 in.seq_id);
+    check_draft_input("MTP drafter", seqs, static_cast<size_t>(s));
     SeqState& state = seqs_[in.seq_id];
     // Rows stay while their tokens (and so their hidden states) are the context's; the last true
     // row n - 2 always runs again: its logits give the first draft.
@@ -121,14 +99,15 @@ void MtpDrafter::propose(std::span<const DraftInput> seqs, int64_t k, DraftOutpu
     // True rows up to n - 2, chained rows up to n + k - 3.
     reserve(in.seq_id, *st[static_cast<size_t>(s)], static_cast<int64_t>(in.context.size()) + k - 2, seqs);
   }
-  try {
-    if (std::any_of(missing.begin(), missing.end(), [](int64_t t) { return t >= 0; }))
-      rebuild(seqs, first, missing, st);
-    step_all(seqs, st, first, k, out);
-  } catch (...) {  // rows fed in a failed forward may not be in the cache: forget them
-    for (SeqState* state : st) state->ctx.clear();
-    throw;
-  }
+  forget_on_failure(
+      [&] {
+        if (std::any_of(missing.begin(), missing.end(), [](int64_t t) { return t >= 0; }))
+          rebuild(seqs, first, missing, st);
+        step_all(seqs, st, first, k, out);
+      },
+      [&] {
+        for (SeqState* state : st) state->ctx.clear();
+      });
 }
 
 void MtpDrafter::rebuild(std::span<const DraftInput> seqs, const std::vector<int64_t>& first,

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/sampling_rng.h"
+#include "spec/draft_cache.h"
 #include "spec/verifier.h"
 
 namespace kiln::spec {
@@ -21,16 +22,10 @@ void PagedDraftModelDrafter::size_cache(int64_t tokens) {
   const int64_t bs = pool_.block_size;
   seqs_.clear();
   pool_ = {};  // the old pool goes before the new one is allocated
-  // The target's pool took its share of memory first: use at most half of what is left (sequences
-  // that do not fit then lose their draft cache and rebuild it, see reserve()).
   int64_t bytes_per_block = 0;
   for (const auto& layer : draft_.new_pool(1, bs).layers) bytes_per_block += static_cast<int64_t>(layer.t.nbytes());
-  const int64_t affordable = draft_.backend().free_memory_bytes() / 2 / std::max<int64_t>(1, bytes_per_block);
-  const int64_t blocks = std::max<int64_t>(1, std::min(kv::blocks_for(tokens, bs), affordable));
-  if (blocks < kv::blocks_for(tokens, bs))
-    spdlog::warn("draft model KV cache: {} tokens of the {} asked fit in half the free memory", blocks * bs, tokens);
-  spdlog::info("draft model KV cache: {} tokens ({} blocks of {}, {:.1f} MiB)", blocks * bs, blocks, bs,
-               static_cast<double>(blocks * bytes_per_block) / (1 << 20));
+  const int64_t blocks =
+      draft_cache_blocks("draft model KV cache", tokens, bs, bytes_per_block, draft_.backend().free_memory_bytes());
   pool_ = draft_.new_pool(blocks, bs);
   alloc_ = std::make_unique<kv::BlockAllocator>(blocks);
 }
@@ -57,37 +52,18 @@ void PagedDraftModelDrafter::rollback(int64_t seq_id, int64_t keep) {
 }
 
 void PagedDraftModelDrafter::reserve(int64_t id, SeqState& st, int64_t tokens, std::span<const DraftInput> busy) {
-  const int64_t need = kv::blocks_for(tokens, pool_.block_size) - static_cast<int64_t>(st.blocks.size());
-  if (need <= 0) return;
-  if (alloc_->num_free() < need)
-    for (auto& [other, s] : seqs_) {
-      if (other == id ||
-          std::any_of(busy.begin(), busy.end(), [&](const DraftInput& in) { return in.seq_id == other; }))
-        continue;
-      drop(s);
-      if (alloc_->num_free() >= need) break;
-    }
-  KILN_CHECK(alloc_->num_free() >= need,
-             "draft model: its KV pool ({} blocks of {}) cannot hold the {} sequences drafted together",
-             alloc_->num_blocks(), pool_.block_size, busy.size());
-  for (int64_t i = 0; i < need; ++i) st.blocks.push_back(alloc_->allocate());
+  reserve_draft_blocks("draft model", *alloc_, pool_.block_size, seqs_, id, st.blocks, tokens, busy,
+                       [&](SeqState& s) { drop(s); });
 }
 
 void PagedDraftModelDrafter::propose(std::span<const DraftInput> seqs, int64_t k, DraftOutput& out) {
   const int64_t vocab = vocab_size(), B = static_cast<int64_t>(seqs.size());
-  KILN_CHECK(k >= 1, "draft model: number of draft tokens must be >= 1, got {}", k);
-  out.num_seqs = B, out.k = k, out.vocab = vocab;
-  out.tokens.assign(static_cast<size_t>(B * k), 0);
-  out.probs.assign(static_cast<size_t>(B * k * vocab), 0.0f);
-  if (B == 0) return;
+  if (!begin_proposal("draft model", seqs, k, vocab, out)) return;
   std::vector<SeqState*> st(static_cast<size_t>(B));
   for (int64_t s = 0; s < B; ++s) {
     const DraftInput& in = seqs[static_cast<size_t>(s)];
     KILN_CHECK(!in.context.empty(), "draft model: sequence {} has an empty context", in.seq_id);
-    KILN_CHECK(in.sampling, "draft model: sequence {} has no sampling parameters", in.seq_id);
-    for (int64_t o = 0; o < s; ++o)
-      KILN_CHECK(seqs[static_cast<size_t>(o)].seq_id != in.seq_id, "draft model: sequence {} is drafted twice",
-                 in.seq_id);
+    check_draft_input("draft model", seqs, static_cast<size_t>(s));
     for (int32_t t : in.context)
       KILN_CHECK(t >= 0 && t < vocab, "draft model: token {} of sequence {} is outside the draft vocabulary [0, {})", t,
                  in.seq_id, vocab);
@@ -104,12 +80,10 @@ void PagedDraftModelDrafter::propose(std::span<const DraftInput> seqs, int64_t k
     reserve(in.seq_id, *st[static_cast<size_t>(s)], static_cast<int64_t>(in.context.size()) + k - 1, seqs);
   }
 
-  try {
-    step_all(seqs, st, k, out);
-  } catch (...) {  // rows fed in the failed forward may not be in the cache: forget them
-    for (SeqState* state : st) state->fed.clear();
-    throw;
-  }
+  forget_on_failure([&] { step_all(seqs, st, k, out); },
+                    [&] {
+                      for (SeqState* state : st) state->fed.clear();
+                    });
 }
 
 void PagedDraftModelDrafter::step_all(std::span<const DraftInput> seqs, const std::vector<SeqState*>& st, int64_t k,

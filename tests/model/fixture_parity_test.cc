@@ -9,6 +9,7 @@
 
 #include "engine/sampler.h"
 #include "model/deepseek_v3.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -157,16 +158,6 @@ TEST_P(Fixture, CudaDecodeStepsMatchTransformers) {
     std::printf("%s: decode steps, mean |dlogprob| %.5f (KV cache %s)\n", GetParam().c_str(), mean, dtype_name(kv));
     EXPECT_LE(mean, bound) << GetParam() << " kv " << dtype_name(kv);
   }
-}
-
-// Relative max difference of two logit vectors.
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(a[i])));
-  }
-  return num / den;
 }
 
 TEST_P(Fixture, AbsorbedAndExpandedFormsAgree) {

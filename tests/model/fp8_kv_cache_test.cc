@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/weight_layout.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -23,16 +24,6 @@ using json = nlohmann::json;
 
 std::string name_of(const std::string& dir) {
   return std::filesystem::path(dir).filename().string();
-}
-
-// Relative max difference of two logit vectors (as fixture_parity_test.cc).
-double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, static_cast<double>(std::fabs(a[i] - b[i])));
-    den = std::max(den, static_cast<double>(std::fabs(a[i])));
-  }
-  return num / den;
 }
 
 // log P(ids[i] | ids[:i]) for i >= 1 from rows of logits (row i - 1 predicts ids[i]).
@@ -232,13 +223,7 @@ TEST(Fp8KvCache, DcpMatchesOneDevice) {
   SequenceCache c1 = one->new_cache(n), cn = many.new_cache(n);
   const std::vector<int32_t> head(ids.begin(), ids.begin() + n / 2);
   EXPECT_LE(rel_diff(one->forward(head, c1, true), many.forward(head, cn, true)), 1e-3) << "prefill";
-  std::vector<float> sa, sb;
-  for (int64_t i = n / 2; i < n; ++i) {
-    auto ra = one->forward({ids[static_cast<size_t>(i)]}, c1, false);
-    auto rb = many.forward({ids[static_cast<size_t>(i)]}, cn, false);
-    sa.insert(sa.end(), ra.begin(), ra.end());
-    sb.insert(sb.end(), rb.begin(), rb.end());
-  }
+  const auto [sa, sb] = decode_both(*one, c1, many, cn, ids, n / 2);
   EXPECT_LE(rel_diff(sa, sb), 1e-3) << "decode steps";
 }
 

@@ -18,6 +18,7 @@
 #include "model/deepseek_v3.h"
 #include "model/rank_group.h"
 #include "model/weight_layout.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace kiln::test {
@@ -107,13 +108,7 @@ TEST_P(ShardedFixture, LogprobsMatchOneDevice) {
   const auto a = one->forward(head, c1, true), b = many.forward(head, cn, true);
   EXPECT_LE(worst_gap(a, b, V), 1e-4) << "prefill";
   // The rest one token a step (absorbed decode over each rank's cache).
-  std::vector<float> sa, sb;
-  for (int64_t i = n / 2; i < n; ++i) {
-    auto ra = one->forward({ids[static_cast<size_t>(i)]}, c1, false);
-    auto rb = many.forward({ids[static_cast<size_t>(i)]}, cn, false);
-    sa.insert(sa.end(), ra.begin(), ra.end());
-    sb.insert(sb.end(), rb.begin(), rb.end());
-  }
+  const auto [sa, sb] = decode_both(*one, c1, many, cn, ids, n / 2);
   EXPECT_LE(worst_gap(sa, sb, V), 1e-4) << "decode steps";
   // And the reference's own logprobs, as `kiln score` checks them.
   const auto expected = read_json(dir + "/expected.json")["logprobs"];

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "dspark_util.h"
 #include "model/safetensors.h"
 #include "test_util.h"
 
@@ -51,52 +52,12 @@ json small_config(bool q_lora = true) {
           {"confidence_head_with_markov", true}};
 }
 
-std::vector<fs::path>& written_dirs() {
-  static std::vector<fs::path> dirs;
-  return dirs;
-}
-
-struct RemoveDrafts : ::testing::Environment {
-  void TearDown() override {
-    for (const fs::path& d : written_dirs()) fs::remove_all(d);
-  }
-};
-const auto* const kRemoveDrafts = ::testing::AddGlobalTestEnvironment(new RemoveDrafts);
-
 // Every tensor of a draft with config j, random, by name (f32 values).
 std::map<std::string, std::vector<float>> random_tensors(const json& j, std::map<std::string, Shape>& shapes) {
-  const int64_t V = j["vocab_size"], H = j["hidden_size"], I = j["intermediate_size"], nh = j["num_attention_heads"],
-                r = j["kv_lora_rank"], rope = j["qk_rope_head_dim"], nope = j["qk_nope_head_dim"], vd = j["v_head_dim"],
-                R = j["markov_rank"], L = static_cast<int64_t>(j["target_layer_ids"].size());
-  const int64_t ql = j["q_lora_rank"].is_null() ? 0 : j["q_lora_rank"].get<int64_t>();
-  shapes = {{"embed_tokens.weight", {V, H}},
-            {"lm_head.weight", {V, H}},
-            {"fc.weight", {H, L * H}},
-            {"hidden_norm.weight", {H}},
-            {"norm.weight", {H}},
-            {"markov_head.markov_w1.weight", {V, R}},
-            {"markov_head.markov_w2.weight", {V, R}},
-            {"confidence_head.proj.weight", {1, H + R}},
-            {"confidence_head.proj.bias", {1}}};
-  for (int64_t l = 0; l < j["num_hidden_layers"].get<int64_t>(); ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    shapes[p + "input_layernorm.weight"] = {H};
-    shapes[p + "post_attention_layernorm.weight"] = {H};
-    if (ql > 0) {
-      shapes[p + "self_attn.q_a_proj.weight"] = {ql, H};
-      shapes[p + "self_attn.q_a_layernorm.weight"] = {ql};
-      shapes[p + "self_attn.q_b_proj.weight"] = {nh * (nope + rope), ql};
-    } else {
-      shapes[p + "self_attn.q_proj.weight"] = {nh * (nope + rope), H};
-    }
-    shapes[p + "self_attn.kv_a_proj_with_mqa.weight"] = {r + rope, H};
-    shapes[p + "self_attn.kv_a_layernorm.weight"] = {r};
-    shapes[p + "self_attn.kv_b_proj.weight"] = {nh * (nope + vd), r};
-    shapes[p + "self_attn.o_proj.weight"] = {H, nh * vd};
-    shapes[p + "mlp.gate_proj.weight"] = {I, H};
-    shapes[p + "mlp.up_proj.weight"] = {I, H};
-    shapes[p + "mlp.down_proj.weight"] = {H, I};
-  }
+  const int64_t V = j["vocab_size"], H = j["hidden_size"];
+  shapes = test::dspark_shapes(j);
+  shapes["embed_tokens.weight"] = {V, H};
+  shapes["lm_head.weight"] = {V, H};
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   std::map<std::string, std::vector<float>> out;
@@ -115,12 +76,7 @@ std::map<std::string, std::vector<float>> random_tensors(const json& j, std::map
 // Writes config j and random weights (less `drop`, plus `extra`) to a fresh directory.
 std::string write_draft(const std::string& name, const json& j, const std::string& drop = "",
                         const std::string& extra = "") {
-  // Removed when the test program ends (RemoveDrafts below).
-  static int serial = 0;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("kiln_block_drafter_" + name + "_" + std::to_string(getpid()) + "_" + std::to_string(serial++));
-  fs::create_directories(dir);
-  written_dirs().push_back(dir);
+  const fs::path dir = test::fresh_draft_dir("kiln_block_drafter", name);  // removed when the test program ends
   std::ofstream(dir / "config.json") << j.dump(2);
   std::map<std::string, Shape> shapes;
   std::map<std::string, test::RawTensor> raw;

@@ -3,31 +3,12 @@
 // random-weight draft of its shapes. The draft's Markov head is planted with the target's most
 // likely t1 after each possible t0 (dspark_util.h), so drafts are accepted often but not always:
 // both the accept and the residual paths are in the sample.
-#include <cmath>
-#include <map>
-
 #include "dspark_util.h"
-#include "engine_spec_util.h"
 #include "spec/block_drafter_speculator.h"
-#include "spec/verifier.h"
+#include "spec_chi_square.h"
 
 namespace kiln::spec {
 namespace {
-
-std::vector<float> next_probs(const std::vector<int32_t>& context, const SamplingParams& s) {
-  DeepseekV3Model& m = *models().target;
-  SequenceCache cache = m.new_cache(static_cast<int64_t>(context.size()) + 1);
-  const std::vector<float> logits = m.forward(context, cache, false);
-  std::vector<float> p(logits.size());
-  sampling_probs_rows(logits.data(), 1, m.config().vocab_size, s, p.data());
-  return p;
-}
-
-// The chi-square quantile at 0.999 for `df` degrees of freedom (Wilson-Hilferty; within 1% here).
-double chi2_999(int df) {
-  const double a = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3);
-}
 
 TEST(DsparkDrafter, SampledPairsFollowPlainSamplingsDistribution) {
   // max_tokens 3: the prefill draws t0 as plain sampling does, then one verify step over one block
@@ -38,15 +19,10 @@ TEST(DsparkDrafter, SampledPairsFollowPlainSamplingsDistribution) {
   SamplingParams s;
   s.temperature = 1.0f, s.top_k = 4, s.top_p = 0.9f;
   const std::vector<float> p0 = next_probs(prompt, s);
-  std::map<int32_t, std::vector<float>> p1;
+  const std::map<int32_t, std::vector<float>> p1 = second_probs(prompt, p0, s);
   std::vector<std::pair<int32_t, int32_t>> plant;
-  for (int32_t a = 0; a < static_cast<int32_t>(p0.size()); ++a) {
-    if (p0[static_cast<size_t>(a)] <= 0) continue;
-    std::vector<int32_t> ctx = prompt;
-    ctx.push_back(a);
-    p1[a] = next_probs(ctx, s);
-    plant.emplace_back(a, static_cast<int32_t>(std::max_element(p1[a].begin(), p1[a].end()) - p1[a].begin()));
-  }
+  for (const auto& [a, q] : p1)
+    plant.emplace_back(a, static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin()));
   std::vector<Request> reqs;
   for (int i = 0; i < kSamples; ++i) {
     reqs.push_back(request(prompt, 3, 1.0f, 9000 + static_cast<uint64_t>(i)));
@@ -61,27 +37,7 @@ TEST(DsparkDrafter, SampledPairsFollowPlainSamplingsDistribution) {
   EXPECT_GT(spec.stats().spec.accepted_tokens, kSamples / 10) << "the planted bigrams must be accepted";
   EXPECT_LT(spec.stats().spec.accepted_tokens, kSamples) << "some drafts must be rejected for the test to bite";
 
-  std::map<std::pair<int32_t, int32_t>, int> counts;
-  for (const auto& t : got) ++counts[{t.at(0), t.at(1)}];
-  double chi2 = 0;
-  int cells = 0;
-  for (const auto& [a, q] : p1)
-    for (int32_t b = 0; b < static_cast<int32_t>(q.size()); ++b) {
-      const double expected = kSamples * static_cast<double>(p0[static_cast<size_t>(a)]) * q[static_cast<size_t>(b)];
-      const auto it = counts.find({a, b});
-      const int observed = it == counts.end() ? 0 : it->second;
-      if (expected <= 0) {
-        EXPECT_EQ(observed, 0) << "pair " << a << " " << b << " has probability 0";
-        continue;
-      }
-      chi2 += (observed - expected) * (observed - expected) / expected;
-      ++cells;
-    }
-  ASSERT_GE(cells, 4) << "top-p must leave several cells";
-  EXPECT_LT(chi2, chi2_999(cells - 1));
-  std::printf("chi-square %.2f over %d cells (0.999 quantile %.1f), %d samples, %lld of %d drafts accepted\n", chi2,
-              cells, chi2_999(cells - 1), kSamples, static_cast<long long>(spec.stats().spec.accepted_tokens),
-              kSamples);
+  expect_under_chi2_999(pair_chi_square(got, kSamples, p0, p1), kSamples, spec.stats().spec.accepted_tokens);
 }
 
 }  // namespace

@@ -32,15 +32,6 @@ EngineConfig dspark_config(const DsparkSpec& s, int64_t block_size = 8, int64_t 
   return c;
 }
 
-std::vector<Request> mixed_requests() {
-  std::vector<Request> reqs;
-  for (size_t i = 0; i < models().prompts.size(); ++i) {
-    reqs.push_back(request(models().prompts[i], 7 + 5 * static_cast<int64_t>(i)));
-    reqs.back().speculate = i != 2;
-  }
-  return reqs;
-}
-
 // The plain engine's greedy outputs of `reqs`, and a draft planted with their bigrams.
 std::string planted_draft(const std::vector<std::vector<int32_t>>& want) {
   return test::write_dspark_draft("engine", test::dspark_tiny_config(), test::bigrams(want, 16));
@@ -126,19 +117,10 @@ TEST(DsparkDrafter, PrefixCacheHitsAreRebuiltAndGiveTheSameTokens) {
 }
 
 TEST(DsparkDrafter, SampledOutputFollowsTheSeedWhateverIsBatched) {
-  std::vector<Request> reqs = mixed_requests();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    reqs[i].sampling.temperature = 0.8f, reqs[i].sampling.top_k = 40, reqs[i].sampling.top_p = 0.95f;
-    reqs[i].sampling.seed = 100 + i;
-  }
+  const std::vector<Request> reqs = sampled_mixed_requests();
   DsparkSpec s = dspark_speculator(test::write_dspark_draft("sampled", test::dspark_tiny_config()), 3);
   Engine spec(*models().target, dspark_config(s));
-  const auto together = run_all(spec, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    std::vector<Request> alone;
-    alone.push_back(clone(reqs[i]));
-    EXPECT_EQ(run_all(spec, alone)[0], together[i]) << "request " << i;
-  }
+  const auto together = expect_alone_as_together(spec, reqs);
 }
 
 TEST(DsparkDrafter, ExposesTheConfidenceHeadsEstimates) {

@@ -16,7 +16,9 @@
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -65,14 +67,24 @@ struct RemoveDsparkDrafts : ::testing::Environment {
 };
 inline const auto* const kRemoveDsparkDrafts = ::testing::AddGlobalTestEnvironment(new RemoveDsparkDrafts);
 
-// Writes config `j` and random weights (seeded) with the bigrams planted; returns the directory.
-inline std::string write_dspark_draft(const std::string& name, const nlohmann::json& j,
-                                      const std::vector<std::pair<int32_t, int32_t>>& plant = {}) {
-  namespace fs = std::filesystem;
+// A fresh temporary directory (`prefix`_`name`_pid_serial), removed when the test program ends.
+inline std::filesystem::path fresh_draft_dir(const std::string& prefix, const std::string& name) {
+  static int serial = 0;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      (prefix + "_" + name + "_" + std::to_string(getpid()) + "_" + std::to_string(serial++));
+  std::filesystem::create_directories(dir);
+  dspark_dirs().push_back(dir);
+  return dir;
+}
+
+// The shapes of a DSpark block draft's tensors for config `j` (a null q_lora_rank: plain q_proj),
+// less the embedding and lm_head.
+inline std::map<std::string, std::vector<int64_t>> dspark_shapes(const nlohmann::json& j) {
   const int64_t V = j["vocab_size"], H = j["hidden_size"], I = j["intermediate_size"], nh = j["num_attention_heads"],
-                ql = j["q_lora_rank"], r = j["kv_lora_rank"], rope = j["qk_rope_head_dim"],
-                nope = j["qk_nope_head_dim"], vd = j["v_head_dim"], R = j["markov_rank"],
-                L = static_cast<int64_t>(j["target_layer_ids"].size());
+                r = j["kv_lora_rank"], rope = j["qk_rope_head_dim"], nope = j["qk_nope_head_dim"], vd = j["v_head_dim"],
+                R = j["markov_rank"], L = static_cast<int64_t>(j["target_layer_ids"].size());
+  const int64_t ql = j["q_lora_rank"].is_null() ? 0 : j["q_lora_rank"].get<int64_t>();
   std::map<std::string, std::vector<int64_t>> shapes = {{"fc.weight", {H, L * H}},
                                                         {"hidden_norm.weight", {H}},
                                                         {"norm.weight", {H}},
@@ -84,9 +96,13 @@ inline std::string write_dspark_draft(const std::string& name, const nlohmann::j
     const std::string p = "layers." + std::to_string(l) + ".";
     shapes[p + "input_layernorm.weight"] = {H};
     shapes[p + "post_attention_layernorm.weight"] = {H};
-    shapes[p + "self_attn.q_a_proj.weight"] = {ql, H};
-    shapes[p + "self_attn.q_a_layernorm.weight"] = {ql};
-    shapes[p + "self_attn.q_b_proj.weight"] = {nh * (nope + rope), ql};
+    if (ql > 0) {
+      shapes[p + "self_attn.q_a_proj.weight"] = {ql, H};
+      shapes[p + "self_attn.q_a_layernorm.weight"] = {ql};
+      shapes[p + "self_attn.q_b_proj.weight"] = {nh * (nope + rope), ql};
+    } else {
+      shapes[p + "self_attn.q_proj.weight"] = {nh * (nope + rope), H};
+    }
     shapes[p + "self_attn.kv_a_proj_with_mqa.weight"] = {r + rope, H};
     shapes[p + "self_attn.kv_a_layernorm.weight"] = {r};
     shapes[p + "self_attn.kv_b_proj.weight"] = {nh * (nope + vd), r};
@@ -95,6 +111,14 @@ inline std::string write_dspark_draft(const std::string& name, const nlohmann::j
     shapes[p + "mlp.up_proj.weight"] = {I, H};
     shapes[p + "mlp.down_proj.weight"] = {H, I};
   }
+  return shapes;
+}
+
+// Writes config `j` and random weights (seeded) with the bigrams planted; returns the directory.
+inline std::string write_dspark_draft(const std::string& name, const nlohmann::json& j,
+                                      const std::vector<std::pair<int32_t, int32_t>>& plant = {}) {
+  const int64_t R = j["markov_rank"];
+  const std::map<std::string, std::vector<int64_t>> shapes = dspark_shapes(j);
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   std::map<std::string, RawTensor> raw;
@@ -112,11 +136,7 @@ inline std::string write_dspark_draft(const std::string& name, const nlohmann::j
       }
     raw[n] = {"F32", s, std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4)};
   }
-  static int serial = 0;
-  const fs::path dir = fs::temp_directory_path() /
-                       ("kiln_dspark_" + name + "_" + std::to_string(getpid()) + "_" + std::to_string(serial++));
-  fs::create_directories(dir);
-  dspark_dirs().push_back(dir);
+  const std::filesystem::path dir = fresh_draft_dir("kiln_dspark", name);
   std::ofstream(dir / "config.json") << j.dump(2);
   write_safetensors((dir / "model.safetensors").string(), raw);
   return dir.string();

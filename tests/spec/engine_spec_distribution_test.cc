@@ -1,23 +1,10 @@
 // Speculative sampling through the engine follows plain sampling's distribution: the pairs of
 // tokens a verify step decides, counted over many seeds, against the target's own probabilities.
 // Hundreds of kiln-tiny steps: kept out of the sanitizer pass.
-#include <map>
-
-#include "engine_spec_util.h"
-#include "spec/verifier.h"
+#include "spec_chi_square.h"
 
 namespace kiln::spec {
 namespace {
-
-// The target's distribution of the next token (top_k 4 at temperature 1) after `context`.
-std::vector<float> next_probs(const std::vector<int32_t>& context, const SamplingParams& s) {
-  DeepseekV3Model& m = *models().target;
-  SequenceCache cache = m.new_cache(static_cast<int64_t>(context.size()) + 1);
-  const std::vector<float> logits = m.forward(context, cache, false);
-  std::vector<float> p(logits.size());
-  sampling_probs_rows(logits.data(), 1, m.config().vocab_size, s, p.data());
-  return p;
-}
 
 TEST(EngineSpec, SampledPairsFollowPlainSamplingsDistribution) {
   // max_tokens 3: the prefill draws t0 as plain sampling does, then one verify step over one
@@ -38,28 +25,8 @@ TEST(EngineSpec, SampledPairsFollowPlainSamplingsDistribution) {
   EXPECT_GT(spec.stats().spec.accepted_tokens, 0);
   EXPECT_LT(spec.stats().spec.accepted_tokens, kSamples) << "some drafts must be rejected for the test to bite";
 
-  std::map<std::pair<int32_t, int32_t>, int> counts;
-  for (const auto& t : got) ++counts[{t.at(0), t.at(1)}];
   const std::vector<float> p0 = next_probs(prompt, s);
-  double chi2 = 0;
-  int cells = 0;
-  for (int32_t a = 0; a < static_cast<int32_t>(p0.size()); ++a) {
-    if (p0[static_cast<size_t>(a)] <= 0) continue;
-    std::vector<int32_t> ctx = prompt;
-    ctx.push_back(a);
-    const std::vector<float> p1 = next_probs(ctx, s);
-    for (int32_t b = 0; b < static_cast<int32_t>(p1.size()); ++b) {
-      const double expected = kSamples * static_cast<double>(p0[static_cast<size_t>(a)]) * p1[static_cast<size_t>(b)];
-      const auto it = counts.find({a, b});
-      const int observed = it == counts.end() ? 0 : it->second;
-      if (expected <= 0) {
-        EXPECT_EQ(observed, 0) << "pair " << a << " " << b << " has probability 0";
-        continue;
-      }
-      chi2 += (observed - expected) * (observed - expected) / expected;
-      ++cells;
-    }
-  }
+  const auto [chi2, cells] = pair_chi_square(got, kSamples, p0, second_probs(prompt, p0, s));
   ASSERT_EQ(cells, 16);
   // 15 degrees of freedom: P(chi2 > 37.7) = 0.001 under the null.
   EXPECT_LT(chi2, 37.7);

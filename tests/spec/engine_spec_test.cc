@@ -9,16 +9,6 @@
 namespace kiln::spec {
 namespace {
 
-// Several prompts of different lengths and lengths to generate; one (the third) plainly decoded.
-std::vector<Request> mixed_requests() {
-  std::vector<Request> reqs;
-  for (size_t i = 0; i < models().prompts.size(); ++i) {
-    reqs.push_back(request(models().prompts[i], 7 + 5 * static_cast<int64_t>(i)));
-    reqs.back().speculate = i != 2;
-  }
-  return reqs;
-}
-
 TEST(EngineSpec, GreedyOutputIsThePlainEnginesUnderContinuousBatching) {
   const std::vector<Request> reqs = mixed_requests();
   Engine plain(*models().target, config(0));
@@ -84,18 +74,9 @@ TEST(EngineSpec, PrefixCacheHitsGiveTheSameTokens) {
 }
 
 TEST(EngineSpec, SampledOutputFollowsTheSeedWhateverIsBatched) {
-  std::vector<Request> reqs = mixed_requests();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    reqs[i].sampling.temperature = 0.8f, reqs[i].sampling.top_k = 40, reqs[i].sampling.top_p = 0.95f;
-    reqs[i].sampling.seed = 100 + i;
-  }
+  const std::vector<Request> reqs = sampled_mixed_requests();
   Engine spec(*models().target, config(3));
-  const auto together = run_all(spec, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    std::vector<Request> alone;
-    alone.push_back(clone(reqs[i]));
-    EXPECT_EQ(run_all(spec, alone)[0], together[i]) << "request " << i;
-  }
+  const auto together = expect_alone_as_together(spec, reqs);
   // The first token comes from the prefill with plain sampling's own draw.
   Engine plain(*models().target, config(0));
   const auto base = run_all(plain, reqs);

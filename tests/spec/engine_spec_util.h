@@ -81,4 +81,36 @@ inline std::vector<std::vector<int32_t>> run_all(Engine& e, const std::vector<Re
   return out;
 }
 
+// Several prompts of different lengths and lengths to generate; one (the third) plainly decoded.
+inline std::vector<Request> mixed_requests() {
+  std::vector<Request> reqs;
+  for (size_t i = 0; i < models().prompts.size(); ++i) {
+    reqs.push_back(request(models().prompts[i], 7 + 5 * static_cast<int64_t>(i)));
+    reqs.back().speculate = i != 2;
+  }
+  return reqs;
+}
+
+// mixed_requests() sampled (temperature 0.8, top-k 40, top-p 0.95), each with its own seed.
+inline std::vector<Request> sampled_mixed_requests() {
+  std::vector<Request> reqs = mixed_requests();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].sampling.temperature = 0.8f, reqs[i].sampling.top_k = 40, reqs[i].sampling.top_p = 0.95f;
+    reqs[i].sampling.seed = 100 + i;
+  }
+  return reqs;
+}
+
+// Runs `reqs` together on `e`, then each alone: each must give the same tokens both ways (what
+// is batched beside a request does not change its output). Returns the outputs run together.
+inline std::vector<std::vector<int32_t>> expect_alone_as_together(Engine& e, const std::vector<Request>& reqs) {
+  const auto together = run_all(e, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<Request> alone;
+    alone.push_back(clone(reqs[i]));
+    EXPECT_EQ(run_all(e, alone)[0], together[i]) << "request " << i;
+  }
+  return together;
+}
+
 }  // namespace kiln::spec

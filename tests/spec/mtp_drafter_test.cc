@@ -132,15 +132,6 @@ TEST(MtpDrafter, ACacheDroppedForRoomIsRebuiltWithTheSameDrafts) {
   EXPECT_EQ(tight.rebuilt_positions(), static_cast<int64_t>(a.size()) - 2) << "all but the last true row's";
 }
 
-std::vector<Request> mixed_requests() {
-  std::vector<Request> reqs;
-  for (size_t i = 0; i < models().prompts.size(); ++i) {
-    reqs.push_back(request(models().prompts[i], 7 + 5 * static_cast<int64_t>(i)));
-    reqs.back().speculate = i != 2;
-  }
-  return reqs;
-}
-
 TEST(MtpDrafter, GreedyOutputIsThePlainEnginesUnderContinuousBatching) {
   const std::vector<Request> reqs = mixed_requests();
   Engine plain(*models().target, config(0));
@@ -198,19 +189,10 @@ TEST(MtpDrafter, PrefixCacheHitsAreRebuiltAndGiveTheSameTokens) {
 }
 
 TEST(MtpDrafter, SampledOutputFollowsTheSeedWhateverIsBatched) {
-  std::vector<Request> reqs = mixed_requests();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    reqs[i].sampling.temperature = 0.8f, reqs[i].sampling.top_k = 40, reqs[i].sampling.top_p = 0.95f;
-    reqs[i].sampling.seed = 100 + i;
-  }
+  const std::vector<Request> reqs = sampled_mixed_requests();
   MtpSpec s = mtp_speculator(3);
   Engine spec(*models().target, mtp_config(s));
-  const auto together = run_all(spec, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    std::vector<Request> alone;
-    alone.push_back(clone(reqs[i]));
-    EXPECT_EQ(run_all(spec, alone)[0], together[i]) << "request " << i;
-  }
+  const auto together = expect_alone_as_together(spec, reqs);
 }
 
 TEST(MtpDrafter, MakeSpeculatorTakesBothSpellings) {

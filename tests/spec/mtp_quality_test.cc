@@ -3,11 +3,11 @@
 // plain sampling's distribution (temperature 1, top-k and top-p). Minutes of kiln-tiny steps under
 // a sanitizer: kept out of that pass.
 #include <cmath>
-#include <map>
 
 #include "mtp_util.h"
 #include "ops/cpu/sampling.h"
 #include "spec/verifier.h"
+#include "spec_chi_square.h"
 
 namespace kiln::spec {
 namespace {
@@ -89,21 +89,6 @@ TEST(MtpDrafter, DISABLED_AcceptancePerK) {
   for (int64_t k = 1; k <= 5; ++k) mean_accepted_length(k, 50, 64);
 }
 
-std::vector<float> next_probs(const std::vector<int32_t>& context, const SamplingParams& s) {
-  DeepseekV3Model& m = *models().target;
-  SequenceCache cache = m.new_cache(static_cast<int64_t>(context.size()) + 1);
-  const std::vector<float> logits = m.forward(context, cache, false);
-  std::vector<float> p(logits.size());
-  sampling_probs_rows(logits.data(), 1, m.config().vocab_size, s, p.data());
-  return p;
-}
-
-// The chi-square quantile at 0.999 for `df` degrees of freedom (Wilson-Hilferty; within 1% here).
-double chi2_999(int df) {
-  const double a = 2.0 / (9.0 * df);
-  return df * std::pow(1.0 - a + 3.0902 * std::sqrt(a), 3);
-}
-
 TEST(MtpDrafter, SampledPairsFollowPlainSamplingsDistribution) {
   // max_tokens 3: the prefill draws t0 as plain sampling does, then one verify step over one MTP
   // draft (from the prefill's hidden states) emits t1. (t0, t1) must be distributed as
@@ -124,33 +109,9 @@ TEST(MtpDrafter, SampledPairsFollowPlainSamplingsDistribution) {
   EXPECT_GT(spec.stats().spec.accepted_tokens, 0);
   EXPECT_LT(spec.stats().spec.accepted_tokens, kSamples) << "some drafts must be rejected for the test to bite";
 
-  std::map<std::pair<int32_t, int32_t>, int> counts;
-  for (const auto& t : got) ++counts[{t.at(0), t.at(1)}];
   const std::vector<float> p0 = next_probs(prompt, s);
-  double chi2 = 0;
-  int cells = 0;
-  for (int32_t a = 0; a < static_cast<int32_t>(p0.size()); ++a) {
-    if (p0[static_cast<size_t>(a)] <= 0) continue;
-    std::vector<int32_t> ctx = prompt;
-    ctx.push_back(a);
-    const std::vector<float> p1 = next_probs(ctx, s);
-    for (int32_t b = 0; b < static_cast<int32_t>(p1.size()); ++b) {
-      const double expected = kSamples * static_cast<double>(p0[static_cast<size_t>(a)]) * p1[static_cast<size_t>(b)];
-      const auto it = counts.find({a, b});
-      const int observed = it == counts.end() ? 0 : it->second;
-      if (expected <= 0) {
-        EXPECT_EQ(observed, 0) << "pair " << a << " " << b << " has probability 0";
-        continue;
-      }
-      chi2 += (observed - expected) * (observed - expected) / expected;
-      ++cells;
-    }
-  }
-  ASSERT_GE(cells, 4) << "top-p must leave several cells";
-  EXPECT_LT(chi2, chi2_999(cells - 1));
-  std::printf("chi-square %.2f over %d cells (0.999 quantile %.1f), %d samples, %lld of %d drafts accepted\n", chi2,
-              cells, chi2_999(cells - 1), kSamples, static_cast<long long>(spec.stats().spec.accepted_tokens),
-              kSamples);
+  expect_under_chi2_999(pair_chi_square(got, kSamples, p0, second_probs(prompt, p0, s)), kSamples,
+                        spec.stats().spec.accepted_tokens);
 }
 
 }  // namespace
