@@ -170,9 +170,8 @@ TEST(MultiProcessModel, KillingARankMidRunEndsTheOtherNamingIt) {
 // A serving rank 0 that sits idle when a worker is killed ends too (after a short grace for a step
 // in flight to fail with its own message), naming the worker, rather than serve a broken group.
 TEST(MultiProcessModel, IdleServerEndsWhenAWorkerIsKilled) {
-  const std::string args = " serve --model " + tiny() +
-                           " --port 0 --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:" + std::to_string(free_port_pair()) +
-                           " --node-rank ";
+  const std::string args = " serve --model " + tiny() + " --port 0 --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:" +
+                           std::to_string(free_port_pair()) + " --node-rank ";
   const std::string log = ::testing::TempDir() + "multiprocess_serve_" + std::to_string(getpid()) + ".log";
   const RunResult res = run_shell("timeout 30 " + kiln() + args + "0 2>" + log + " & other=$!; " + kiln() + args +
                                   "1 2>/dev/null & victim=$!; for i in $(seq 600); do grep -q 'serving' " + log +
