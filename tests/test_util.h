@@ -43,37 +43,43 @@ inline RunResult run_kiln(const std::string& args) {
   return run_shell(std::string(KILN_BINARY) + " --log-level warn " + args);
 }
 
-// A loopback TCP port that was free a moment ago (for servers started by tests).
-inline int free_port() {
+// A loopback socket bound to `port` (0: any free one); -1 when that port is taken. Sets `port`
+// to the one bound.
+inline int bind_loopback(int& port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
   socklen_t len = sizeof a;
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+// A loopback TCP port that was free a moment ago (for servers started by tests).
+inline int free_port() {
+  int port = 0;
+  const int fd = bind_loopback(port);
+  if (fd >= 0) close(fd);
+  return port;
 }
 
 // A free port whose next one is free too: a multi-process run with several ranks per process
 // forms its second group on the rendezvous port + 1.
 inline int free_port_pair() {
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    const int port = ntohs(a.sin_port);
-    const int next = socket(AF_INET, SOCK_STREAM, 0);
-    a.sin_port = htons(static_cast<uint16_t>(port + 1));
-    const bool ok = port < 65535 && bind(next, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    close(next);
-    close(fd);
-    if (ok) return port;
+    int port = 0;
+    const int fd = bind_loopback(port);
+    int next = port + 1;
+    const int next_fd = port < 65535 ? bind_loopback(next) : -1;
+    if (next_fd >= 0) close(next_fd);
+    if (fd >= 0) close(fd);
+    if (fd >= 0 && next_fd >= 0) return port;
   }
   return free_port();
 }
